@@ -1,0 +1,53 @@
+"""ampkit: mixed-precision training for PyTorch, right by construction and proven on your hardware.
+
+>>> import ampkit
+>>> prec = ampkit.resolve_precision("auto")                 # doctest: +SKIP
+>>> amp = ampkit.MixedPrecision(prec, max_grad_norm=1.0)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Public name -> module. Imported lazily so `ampkit migrate` does not pay for torch-heavy modules
+# and a missing optional dependency only fails the feature that needs it.
+_EXPORTS = {
+    "Device": "ampkit.device",
+    "detect_device": "ampkit.device",
+    "Capabilities": "ampkit.hardware",
+    "capabilities": "ampkit.hardware",
+    "Precision": "ampkit.policy",
+    "resolve_precision": "ampkit.policy",
+    "MixedPrecision": "ampkit.engine",
+    "save_checkpoint": "ampkit.checkpoint",
+    "load_checkpoint": "ampkit.checkpoint",
+    "Task": "ampkit.tasks",
+    "load_task": "ampkit.tasks",
+    "train": "ampkit.train",
+    "TrainConfig": "ampkit.train",
+    "compare": "ampkit.verify.compare",
+    "audit": "ampkit.verify.audit",
+    "AmpkitError": "ampkit.errors",
+    "PrecisionUnsupported": "ampkit.errors",
+    "UsageError": "ampkit.errors",
+    "CheckpointError": "ampkit.errors",
+    "TrainingHalted": "ampkit.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ampkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

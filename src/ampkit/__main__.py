@@ -1,0 +1,5 @@
+import sys
+
+from ampkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,42 @@
+"""Typed errors. Each carries a one-line, actionable message and the exit code the CLI uses."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AmpkitError",
+    "UsageError",
+    "DeviceError",
+    "PrecisionUnsupported",
+    "CheckpointError",
+    "TrainingHalted",
+]
+
+
+class AmpkitError(Exception):
+    """Base class: the message is what a person reads; ``exit_code`` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class UsageError(AmpkitError, ValueError):
+    """Bad input from the user (a flag value, a path, a task name)."""
+
+    exit_code = 2
+
+
+class DeviceError(UsageError):
+    """A device was requested that does not exist or is not available here."""
+
+
+class PrecisionUnsupported(AmpkitError, ValueError):
+    """An explicit precision request the device cannot honour. The message names the card and the fix."""
+
+    exit_code = 1
+
+
+class CheckpointError(AmpkitError):
+    """A checkpoint cannot be written or read safely."""
+
+
+class TrainingHalted(AmpkitError, RuntimeError):
+    """Training stopped on purpose (e.g. too many consecutive non-finite steps)."""

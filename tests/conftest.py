@@ -1,0 +1,55 @@
+"""Shared fixtures. The simulated MUSA namespace lives in tests/musa_sim.py and is reached only
+through the ``simulated_musa`` / ``simulated_cuda`` fixtures below."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import musa_sim  # noqa: E402
+
+
+@pytest.fixture
+def simulated_musa(monkeypatch):
+    """Call with a card name (``"MTT S80"``, ``"MTT S4000"``, ...) to register a simulated torch.musa."""
+    monkeypatch.delenv("AMPKIT_DEVICE", raising=False)
+
+    def install(name: str, **kw):
+        return musa_sim.install_musa(monkeypatch, name, **kw)
+
+    return install
+
+
+@pytest.fixture
+def simulated_cuda(monkeypatch):
+    """Call with a compute capability to make the CPU-only torch report one NVIDIA card."""
+    monkeypatch.delenv("AMPKIT_DEVICE", raising=False)
+
+    def install(capability, name=None):
+        musa_sim.install_cuda(monkeypatch, capability, name)
+
+    return install
+
+
+@pytest.fixture(autouse=True)
+def _deterministic(monkeypatch):
+    monkeypatch.delenv("AMPKIT_DEVICE", raising=False)
+    torch.manual_seed(0)
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    has_accel = torch.cuda.is_available() or bool(getattr(torch, "musa", None) and torch.musa.is_available())
+    multi = has_accel and torch.cuda.is_available() and torch.cuda.device_count() >= 2
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA/MUSA accelerator (run through the device tool)")
+    skip_multi = pytest.mark.skip(reason="needs two or more GPUs")
+    for item in items:
+        if item.get_closest_marker("gpu") and not has_accel:
+            item.add_marker(skip_gpu)
+        if item.get_closest_marker("multi_gpu") and not multi:
+            item.add_marker(skip_multi)
