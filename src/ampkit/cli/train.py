@@ -1,0 +1,137 @@
+"""``ampkit train``: train a built-in or user task with the AMP engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ampkit.cli.common import add_device_arg, add_precision_arg, console, err_console
+
+EXAMPLES = """examples:
+  ampkit train --task digits                               # auto precision, default steps
+  ampkit train --task digits --precision fp16 --steps 300 --out runs/d --ckpt-every 50
+  ampkit train --task digits --out runs/d --resume --steps 600   # continue the run to step 600
+  ampkit train --task charlm --task-arg d_model=256 --task-arg n_layers=4
+  ampkit train --task mytask.py:make_task --precision bf16 # your own model, data and loss
+"""
+
+
+def register(sub, formatter_class):
+    p = sub.add_parser("train", help="train a task with mixed precision (checkpoints, resume, metrics)",
+                       description="Train with the AMP engine: FP16 loss scaling only where needed, unscale before "
+                                   "clipping, non-finite steps skipped on the device, atomic checkpoints with the "
+                                   "scaler, exact resume. Metrics go to DIR/metrics.jsonl.",
+                       epilog=EXAMPLES, formatter_class=formatter_class)
+    add_task_args(p)
+    add_precision_arg(p)
+    add_device_arg(p)
+    p.add_argument("--steps", type=int, default=None, help="total optimizer steps of the run (default: the task's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, metavar="DIR", help="metrics.jsonl and checkpoints/ go here")
+    p.add_argument("--ckpt-every", type=int, default=None, metavar="K", help="checkpoint every K steps")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--log-every", type=int, default=10, metavar="L", help="log metrics every L steps")
+    p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint in --out")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the gradient norm (0: no clipping)")
+    p.add_argument("--accumulation-steps", type=int, default=1, metavar="A")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
+    p.add_argument("--tf32", action="store_true", default=None, help="allow TF32 for FP32 matmuls")
+    p.add_argument("--no-fused", action="store_true", help="use the foreach AdamW instead of the fused one")
+    p.add_argument("--tensorboard", action="store_true", help="also log to DIR/tensorboard (needs tensorboard)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
+    p.set_defaults(func=run)
+    return p
+
+
+def add_task_args(p) -> None:
+    p.add_argument("--task", default="digits", metavar="T",
+                   help="built-in task (digits, charlm) or FILE.py:factory / module:factory")
+    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="option for the task factory, repeatable (e.g. n_layers=4)")
+
+
+def run(args) -> int:
+    from ampkit.tasks import parse_task_args
+    from ampkit.train import TrainConfig, train
+
+    config = TrainConfig(
+        task=args.task, task_options=parse_task_args(args.task_arg), precision=args.precision, steps=args.steps,
+        seed=args.seed, out=args.out, ckpt_every=args.ckpt_every, keep=args.keep, log_every=args.log_every,
+        resume=args.resume, max_grad_norm=args.max_grad_norm or None, accumulation_steps=args.accumulation_steps,
+        lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
+        tensorboard=args.tensorboard,
+    )
+    config.validate()
+    with _Bar(enabled=not args.json and sys.stderr.isatty()) as bar:
+        result = train(config, progress=bar)
+    if args.json:
+        json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        _summary(result)
+    if result.interrupted_by:
+        return 130 if result.interrupted_by == "SIGINT" else 143
+    return 0
+
+
+class _Bar:
+    """A rich progress bar fed by the trainer's progress callback; plain lines when not a TTY."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.err = err_console()
+        self.progress = None
+        self.task_id = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=self.err)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def __call__(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "start":
+            self.err.print(f"[bold]{ev['task']}[/] on {ev['device']} in {ev['precision']}: {ev['reason']}")
+            for note in ev.get("notes", []):
+                self.err.print(f"note: {note}")
+            if self.progress is not None:
+                self.task_id = self.progress.add_task(ev["task"], total=ev["total"], completed=ev["start"], info="")
+        elif kind == "log":
+            loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
+            sps = f"{ev['samples_per_s']:.0f}/s" if ev.get("samples_per_s") else ""
+            info = f"loss {loss} scale {ev['scale']:g} skipped {ev['skipped']} {sps}"
+            if self.progress is not None:
+                self.progress.update(self.task_id, completed=ev["step"], info=info)
+            else:
+                self.err.print(f"step {ev['step']}: {info}", highlight=False)
+        elif kind == "warning":
+            self.err.print(f"[yellow]warning {ev['code']}[/]: {ev['message']}. fix: {ev['fix']}")
+
+
+def _summary(r) -> None:
+    out = console()
+    loss = "n/a" if r.final_loss is None else f"{r.final_loss:.4f}"
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in r.metrics.items())
+    out.print(f"[bold]{r.task}[/] {r.precision} on {r.device}: {r.steps} steps "
+              f"({r.steps - r.start_step} this run) in {r.wall_s:.1f}s, final loss {loss}, skipped {r.skipped}")
+    if metrics:
+        out.print(f"eval: {metrics}")
+    if r.samples_per_s:
+        out.print(f"throughput: {r.samples_per_s:.0f} samples/s" +
+                  (f", peak memory {r.peak_mem_bytes / 2**20:.0f} MiB" if r.peak_mem_bytes else ""))
+    for note in r.notes:
+        out.print(f"note: {note}")
+    for w in r.warnings:
+        out.print(f"[yellow]warning {w['code']}[/]: {w['message']}. fix: {w['fix']}")
+    if r.out:
+        out.print(f"metrics: {r.out}/metrics.jsonl, checkpoints: {r.out}/checkpoints/")
+    if r.interrupted_by:
+        out.print(f"stopped by {r.interrupted_by} at step {r.steps}: checkpoint saved; continue with --resume")

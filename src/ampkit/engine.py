@@ -1,0 +1,310 @@
+"""The AMP step, done right and without host-device synchronisation.
+
+>>> prec = ampkit.resolve_precision("auto")                       # doctest: +SKIP
+>>> amp = ampkit.MixedPrecision(prec, max_grad_norm=1.0)          # doctest: +SKIP
+>>> for x, y in loader:                                           # doctest: +SKIP
+...     with amp.autocast():
+...         loss = loss_fn(model(x), y)
+...     amp.backward(loss)      # scaled for fp16; divided by the accumulation steps
+...     amp.step(optimizer)     # unscale_ -> clip -> skip-if-non-finite step -> scaler update -> zero_grad
+>>> amp.stats()             # the one host read: steps, skipped, scale, grad norm   # doctest: +SKIP
+
+Why it is built this way:
+
+* The skip decision never leaves the device. ``GradScaler.step`` reads ``found_inf`` on the host
+  (``.item()``) unless the optimizer is fused; the lesson's loop adds ``if not torch.isfinite(loss)``
+  every step. Here the found-inf flag is a device tensor handed to torch's fused optimizers
+  (``optimizer.found_inf``), which skip the update and roll back their step count on the device.
+  Non-fused optimizers cannot skip on the device: for them the engine reads the flag once per
+  step (one sync) and says so in :meth:`MixedPrecision.uses_host_sync`.
+* Clipping works with fused optimizers: gradients are unscaled first (``unscale_``), clipped, and
+  the optimizer is then told they are already unscaled (``grad_scale=None``).
+* Counters (steps skipped, consecutive skips, last gradient norm) live on the device and are read in
+  one transfer by :meth:`MixedPrecision.stats`.
+* What torch lacks and DeepSpeed has: a scale floor (``min_scale``) and a consecutive-skip limit
+  (``max_consecutive_skips``) after which :meth:`stats` raises :class:`~ampkit.errors.TrainingHalted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from ampkit.device import Device
+from ampkit.errors import AmpkitError, TrainingHalted, UsageError
+from ampkit.policy import Precision, apply_tf32, resolve_precision
+
+__all__ = ["MixedPrecision", "is_fused"]
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """True when the optimizer can take the found-inf flag on the device (torch's fused kernels)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
+        optimizer.defaults.get("fused", False)
+    )
+
+
+class MixedPrecision:
+    """Autocast, loss scaling, clipping, non-finite skips and gradient accumulation in one object.
+
+    Args:
+        precision: a :class:`~ampkit.policy.Precision`, a name (``"auto" | "bf16" | "fp16" | "fp32"``)
+            or None for ``"auto"``.
+        max_grad_norm: clip the global gradient norm to this (after unscaling); None: no clipping
+            (the norm is still measured, for skips and stats).
+        accumulation_steps: micro-batches per optimizer step; ``backward`` divides the loss by it.
+        init_scale, growth_factor, backoff_factor, growth_interval: the FP16 loss scaler's settings.
+        min_scale: the FP16 scale never goes below this.
+        max_consecutive_skips: after this many skipped steps in a row, :meth:`stats` raises
+            :class:`~ampkit.errors.TrainingHalted`. None: never.
+        device: where training runs (default: the precision's device).
+        set_tf32: apply ``precision.tf32`` to the backend's TF32 switches (global torch state).
+    """
+
+    def __init__(
+        self,
+        precision: Precision | str | None = None,
+        *,
+        max_grad_norm: float | None = None,
+        accumulation_steps: int = 1,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        min_scale: float = 1.0,
+        max_consecutive_skips: int | None = 50,
+        device: Device | None = None,
+        set_tf32: bool = True,
+    ) -> None:
+        if precision is None or isinstance(precision, str):
+            precision = resolve_precision(precision or "auto", device)
+        if accumulation_steps < 1:
+            raise UsageError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise UsageError(f"max_grad_norm must be positive, got {max_grad_norm}")
+        if max_consecutive_skips is not None and max_consecutive_skips < 1:
+            raise UsageError(f"max_consecutive_skips must be >= 1 or None, got {max_consecutive_skips}")
+        self.precision = precision
+        self.device = device or precision.device
+        self.max_grad_norm = max_grad_norm
+        self.accumulation_steps = int(accumulation_steps)
+        self.min_scale = float(min_scale)
+        self.max_consecutive_skips = max_consecutive_skips
+        self.tf32_set = apply_tf32(precision) if set_tf32 else {}
+        self.scaler: torch.amp.GradScaler | None = None
+        if precision.use_scaler:
+            self.scaler = self.device.grad_scaler(
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+            )
+        self._scaler_kwargs = dict(init_scale=init_scale, growth_factor=growth_factor,
+                                   backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.steps = 0  # optimizer steps attempted (python int: no device read needed)
+        self._micro = 0
+        self._counters: torch.Tensor | None = None  # [skipped, consecutive, max_consecutive] int64
+        self._last_norm: torch.Tensor | None = None
+        self._last_found: torch.Tensor | None = None
+        self._checked: set[int] = set()
+        self._params_cache: dict[int, list[nn.Parameter]] = {}
+
+    # ------------------------------------------------------------------ forward / backward
+    def autocast(self) -> torch.autocast:
+        """The autocast context for this precision (disabled for fp32)."""
+        return torch.autocast(device_type=self.device.type, dtype=self.precision.dtype,
+                              enabled=self.precision.autocast_enabled)
+
+    @property
+    def accumulating(self) -> bool:
+        """True when the next :meth:`step` is a micro-step that will not update (use DDP's ``no_sync``)."""
+        return (self._micro + 1) % self.accumulation_steps != 0
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled for FP16."""
+        if self.accumulation_steps > 1:
+            loss = loss / self.accumulation_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor] | None = None,
+             *, zero_grad: bool = True) -> bool:
+        """unscale_ -> clip -> step (skipped on the device if gradients are not finite) -> scaler
+        update -> zero_grad. On an accumulation micro-step it does nothing and returns False.
+
+        ``parameters``: what to clip (default: every parameter of ``optimizer``).
+        """
+        self._micro += 1
+        if self._micro % self.accumulation_steps:
+            return False
+        self._check_optimizer(optimizer)
+        params = list(parameters) if parameters is not None else self._optimizer_params(optimizer)
+        grads = [p.grad for p in params if p.grad is not None]
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        norm = self._clip_or_measure(params, grads)
+        found = (~torch.isfinite(norm)).to(torch.float32)
+        if self.scaler is not None:
+            for flag in self.scaler._found_inf_per_device(optimizer).values():
+                found = torch.maximum(found, flag.to(found.device, non_blocking=True))
+        self._optimizer_step(optimizer, found)
+        if self.scaler is not None:
+            self.scaler.update()
+            if self.min_scale > 0:
+                self.scaler._scale.clamp_(min=self.min_scale)  # the floor torch lacks
+        self._count(found, norm)
+        if zero_grad:
+            optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def _clip_or_measure(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
+        if not grads:
+            dev = params[0].device if params else self.device.torch_device
+            return torch.zeros((), device=dev)
+        if self.max_grad_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        norms = torch._foreach_norm(grads)
+        return torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]))
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, found: torch.Tensor) -> None:
+        if is_fused(optimizer):
+            # Gradients are already unscaled: the fused kernel only needs the skip flag, which it
+            # reads on the device (and it rolls back its step count when set).
+            optimizer.grad_scale = None  # type: ignore[attr-defined]
+            optimizer.found_inf = found  # type: ignore[attr-defined]
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale  # type: ignore[attr-defined]
+                del optimizer.found_inf  # type: ignore[attr-defined]
+        elif not bool(found):  # one host read: non-fused optimizers cannot skip on the device
+            optimizer.step()
+
+    def _count(self, found: torch.Tensor, norm: torch.Tensor) -> None:
+        self.steps += 1
+        if self._counters is None:
+            self._counters = torch.zeros(3, dtype=torch.int64, device=found.device)
+            self._last_norm = torch.zeros((), dtype=torch.float32, device=found.device)
+        f = found.to(torch.int64)
+        c = self._counters
+        c[0].add_(f)
+        c[1].add_(1).mul_(f)
+        torch.maximum(c[2], c[1], out=c[2])
+        self._last_norm.copy_(norm.detach())
+        self._last_found = found
+
+    def uses_host_sync(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether :meth:`step` reads the device each step with this optimizer (non-fused ones do)."""
+        return not is_fused(optimizer)
+
+    # ------------------------------------------------------------------ checks
+    def _optimizer_params(self, optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
+        key = id(optimizer)
+        if key not in self._params_cache:
+            self._params_cache[key] = [p for g in optimizer.param_groups for p in g["params"]]
+        return self._params_cache[key]
+
+    def _check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._checked:
+            return
+        if self.scaler is not None:
+            half = [p for p in self._optimizer_params(optimizer) if p.dtype == torch.float16]
+            if half:
+                raise AmpkitError(
+                    f"{len(half)} parameter(s) are FP16 while FP16 loss scaling is on: the optimizer would "
+                    "update FP16 weights (torch says 'Attempting to unscale FP16 gradients'). Keep the "
+                    "model in FP32 (remove model.half() / .to(torch.float16)) and let autocast cast: "
+                    "the weights stay FP32 master copies"
+                )
+        self._checked.add(id(optimizer))
+
+    # ------------------------------------------------------------------ stats & state
+    def stats(self) -> dict[str, Any]:
+        """Counters in one host read: ``steps, skipped, consecutive_skips, scale, grad_norm, last_skipped``.
+
+        Raises :class:`~ampkit.errors.TrainingHalted` when more than ``max_consecutive_skips``
+        steps in a row were skipped since the last read.
+        """
+        if self._counters is None:
+            scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+            return {"steps": self.steps, "skipped": 0, "consecutive_skips": 0, "scale": float(scale),
+                    "grad_norm": None, "last_skipped": False}
+        parts = [self._counters.to(torch.float64), self._last_norm.to(torch.float64).reshape(1),
+                 self._last_found.to(self._counters.device, torch.float64).reshape(1)]
+        if self.scaler is not None and self.scaler._scale is not None:
+            parts.append(self.scaler._scale.to(self._counters.device, torch.float64).reshape(1))
+        values = torch.cat(parts).tolist()  # the one device -> host transfer
+        skipped, consec, max_consec, norm, last = values[:5]
+        if len(values) > 5:
+            scale = values[5]
+        else:  # no scaler, or one restored from a checkpoint and not yet used (no device tensor yet)
+            scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
+        self._counters[2].copy_(self._counters[1])
+        out = {"steps": self.steps, "skipped": int(skipped), "consecutive_skips": int(consec), "scale": scale,
+               "grad_norm": norm, "last_skipped": bool(last)}
+        if self.max_consecutive_skips is not None and max_consec >= self.max_consecutive_skips:
+            raise TrainingHalted(
+                f"{int(max_consec)} optimizer steps in a row had non-finite gradients (scale {scale:g}): "
+                f"training stopped at step {self.steps}. Find the cause with `ampkit diagnose SCRIPT` "
+                + ("(and try --precision bf16 where the card has it, or a lower learning rate)"
+                   if self.precision.use_scaler else "(and try a lower learning rate or --precision fp32)")
+            )
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: precision, scaler state, counters (loads with weights_only)."""
+        return {
+            "precision": self.precision.name,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "steps": self.steps,
+            "micro": self._micro,
+            "counters": None if self._counters is None else self._counters.detach().cpu(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Restore from :meth:`state_dict`. Returns notes (e.g. scaler state dropped on a precision change)."""
+        notes: list[str] = []
+        saved = state.get("precision")
+        self.steps = int(state.get("steps", 0))
+        self._micro = int(state.get("micro", self.steps * self.accumulation_steps))
+        counters = state.get("counters")
+        if counters is not None:
+            dev = self._state_device()
+            self._counters = counters.to(dev).clone()
+            self._last_norm = torch.zeros((), dtype=torch.float32, device=dev)
+            self._last_found = torch.zeros((), dtype=torch.float32, device=dev)
+        scaler_state = state.get("scaler")
+        if self.scaler is not None:
+            if scaler_state:
+                self.scaler.load_state_dict(scaler_state)
+            else:
+                notes.append(f"checkpoint was {saved} without a loss scaler: starting a fresh FP16 scaler "
+                             f"(scale {self._scaler_kwargs['init_scale']:g})")
+        elif scaler_state:
+            notes.append(f"checkpoint was {saved} with a loss scaler; {self.precision.name} needs none: "
+                         "scaler state dropped")
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        return notes
+
+    def _state_device(self) -> torch.device:
+        return self.device.torch_device
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """DDP's ``no_sync`` on accumulation micro-steps; a no-op otherwise."""
+        if self.accumulating and hasattr(model, "no_sync"):
+            with model.no_sync():
+                yield
+        else:
+            yield
+
+    def __repr__(self) -> str:
+        return (f"MixedPrecision({self.precision.name}, device={self.device}, scaler={self.scaler is not None}, "
+                f"max_grad_norm={self.max_grad_norm}, accumulation_steps={self.accumulation_steps})")

@@ -1,0 +1,155 @@
+"""Built-in tasks on data that ships with installed packages, and loading of the user's own.
+
+A task is a model, a deterministic stream of batches, a loss and an evaluation:
+
+>>> import torch, ampkit
+>>> def make_task(seed: int = 0) -> ampkit.Task:
+...     g = torch.Generator().manual_seed(seed)
+...     x = torch.randn(512, 10, generator=g); y = (x.sum(1) > 0).long()
+...     model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+...     def batch(step):                      # the batch for optimizer micro-step `step`
+...         i = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(seed * 100003 + step))
+...         return x[i], y[i]
+...     def loss(model, b):                   # runs under the caller's autocast
+...         return torch.nn.functional.cross_entropy(model(b[0]), b[1])
+...     def evaluate(model, device):          # runs under autocast and no_grad
+...         return {"accuracy": (model(x.to(device)).argmax(1).cpu() == y).float().mean().item()}
+...     return ampkit.Task(name="toy", model=model, batch=batch, loss=loss, evaluate=evaluate,
+...                        metric="accuracy", samples_per_batch=64)
+
+Save that as ``mytask.py`` and run ``ampkit train --task mytask.py:make_task``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ampkit.errors import UsageError
+
+__all__ = ["Task", "load_task", "BUILTIN_TASKS", "parse_task_args"]
+
+Batch = tuple[torch.Tensor, ...]
+
+
+@dataclass(kw_only=True)
+class Task:
+    """What ampkit trains.
+
+    ``batch(step)`` returns the CPU tensors of micro-step ``step`` and must depend only on the
+    task's seed and ``step``: that is what makes resume exact and FP32-vs-AMP comparisons fair.
+    ``loss(model, batch)`` runs the forward pass and returns a scalar loss (called under autocast).
+    ``evaluate(model, device)`` returns metrics (called under autocast and ``torch.no_grad``).
+    """
+
+    name: str
+    model: nn.Module
+    batch: Callable[[int], Batch]
+    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    evaluate: Callable[[nn.Module, torch.device], dict[str, float]] | None = None
+    metric: str | None = None  # the key of evaluate() that compare judges
+    higher_is_better: bool = True
+    samples_per_batch: int = 1
+    tokens_per_batch: int | None = None
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    default_steps: int = 200
+    flops_per_step: float | None = None  # forward+backward FLOPs of one batch, for MFU
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# name -> "module:factory"; factories take (seed: int, **options) -> Task.
+BUILTIN_TASKS = {
+    "digits": "ampkit.tasks.digits:make_task",
+    "charlm": "ampkit.tasks.charlm:make_task",
+}
+
+
+def parse_task_args(items: list[str] | None) -> dict[str, Any]:
+    """``["d_model=256", "n_layers=4"]`` -> ``{"d_model": 256, "n_layers": 4}`` (ints, floats, bools kept)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"bad --task-arg {item!r}: use KEY=VALUE, e.g. --task-arg n_layers=4")
+        out[key.strip()] = _coerce(raw.strip())
+    return out
+
+
+def _coerce(raw: str) -> Any:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _resolve_factory(spec: str) -> Callable[..., Task]:
+    target = BUILTIN_TASKS.get(spec, spec)
+    if ":" not in target:
+        names = ", ".join(BUILTIN_TASKS)
+        raise UsageError(f"unknown task {spec!r}: use a built-in ({names}) or FILE.py:factory / module:factory")
+    mod_name, _, attr = target.rpartition(":")
+    if mod_name.endswith(".py") or os.sep in mod_name or "/" in mod_name:
+        path = os.path.abspath(mod_name)
+        if not os.path.isfile(path):
+            raise UsageError(f"task file {mod_name!r} does not exist")
+        module_name = f"ampkit_user_task_{abs(hash(path))}"
+        spec_obj = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec_obj)
+        sys.modules[module_name] = module
+        sys.path.insert(0, os.path.dirname(path))
+        try:
+            spec_obj.loader.exec_module(module)
+        except Exception as exc:  # noqa: BLE001 - the user's file: say what broke, no traceback
+            raise UsageError(f"importing {mod_name} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            sys.path.remove(os.path.dirname(path))
+    else:
+        try:
+            module = importlib.import_module(mod_name)
+        except ImportError as exc:
+            raise UsageError(f"cannot import task module {mod_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UsageError(f"{mod_name} has no callable {attr!r}: the factory returns an ampkit.Task")
+    return factory
+
+
+def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
+    """Build a task from a built-in name, ``FILE.py:factory`` or ``module:factory``.
+
+    The factory is called as ``factory(seed=seed, **options)`` (``seed`` only if it accepts one),
+    under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone.
+    """
+    factory = _resolve_factory(spec)
+    options = dict(options or {})
+    params = inspect.signature(factory).parameters
+    accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if "seed" in params or accepts_kwargs:
+        options["seed"] = seed
+    unknown = [k for k in options if k not in params and not accepts_kwargs]
+    if unknown:
+        raise UsageError(f"task {spec!r} takes no option(s) {', '.join(unknown)}; it takes: "
+                         f"{', '.join(p for p in params if p != 'seed') or 'none'}")
+    torch.manual_seed(seed)
+    try:
+        task = factory(**options)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"task {spec!r} could not be built: {exc}") from exc
+    if not isinstance(task, Task):
+        raise UsageError(f"{spec} returned {type(task).__name__}, not an ampkit.Task")
+    return task
