@@ -1,0 +1,262 @@
+"""FP16 range analysis: run a few steps in FP32, record per module how large and how small the
+activations and gradients are, and predict what FP16 would do with them.
+
+FP16's largest finite value is 65504; values below 2^-14 become subnormal (fewer significant bits)
+and values below 2^-24 flush to zero. Gradients are multiplied by the loss scale, so the report
+predicts overflow and underflow at scale 1 and at the recommended initial scale.
+
+Magnitudes are kept on the device as power-of-two histograms (no host read per step) and read
+once when the report is built.
+
+>>> report = fp16_range_report(model, [(x, y)], torch.nn.functional.cross_entropy)  # doctest: +SKIP
+>>> report.keep_fp32, report.recommended_scale                                        # doctest: +SKIP
+(('model.2',), 4096.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ampkit.diagnose.tracking import ModuleTracker, UserCode, tensor_leaves
+
+__all__ = ["fp16_range_report", "RangeReport", "ModuleRange", "RangeRecorder",
+           "FP16_MAX", "FP16_MIN_NORMAL_EXP", "FP16_MIN_SUBNORMAL_EXP"]
+
+FP16_MAX = 65504.0
+FP16_MIN_NORMAL_EXP = -14    # 2^-14: smallest normal FP16 value
+FP16_MIN_SUBNORMAL_EXP = -24  # 2^-24: smallest subnormal; below it values flush to zero
+_LO, _BINS = -160, 300          # histogram of floor(log2|x|) from 2^-160 (bin 0 also holds zeros)
+_MAX_SCALE_EXP = 16             # GradScaler's default initial scale is 2^16
+_HEADROOM = 2.0                 # keep the largest scaled gradient at most half of FP16's max
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleRange:
+    """Magnitudes seen for one module (``param`` rows: one parameter's gradient) and what FP16 would do."""
+
+    name: str
+    kind: str                       # "module" or "param"
+    type: str                       # module class name ("" for params)
+    act_max: float | None           # max |output| (None for params)
+    input_max: float | None
+    grad_max: float | None          # max |gradient| of the output (module) or of the parameter
+    grad_zero_share_fp16: float | None      # share of non-zero FP32 grad elements FP16 flushes to 0, scale 1
+    grad_subnormal_share_fp16: float | None  # ... that land in FP16 subnormals, scale 1
+    grad_zero_share_scaled: float | None    # ... flushed to 0 at the recommended scale
+    overflow_forward: bool
+    overflow_backward_scaled: bool  # the gradient overflows at the recommended scale
+
+
+@dataclass(frozen=True, kw_only=True)
+class RangeReport:
+    """What FP16 would do to the recorded run; ``keep_fp32`` names the modules where an overflow starts."""
+
+    modules: tuple[ModuleRange, ...]
+    recommended_scale: float
+    keep_fp32: tuple[str, ...]
+    overflow: tuple[str, ...]         # every module whose output exceeds 65504
+    underflow: tuple[str, ...]        # modules/params with >= 50 % of gradient elements flushed to 0 at scale 1
+    steps: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Acc:
+    __slots__ = ("type", "act_max", "in_max", "grad_max", "grad_hist")
+
+    def __init__(self, type_name: str) -> None:
+        self.type = type_name
+        self.act_max = self.in_max = self.grad_max = self.grad_hist = None
+
+
+def _amax(ts: list[torch.Tensor], dev: torch.device) -> torch.Tensor:
+    return torch.stack([t.detach().abs().amax().float().to(dev) if t.numel() else
+                        torch.zeros((), device=dev) for t in ts]).amax()
+
+
+def _hist(t: torch.Tensor) -> torch.Tensor:
+    a = t.detach().abs().float().flatten()
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    e = torch.where(a > 0, torch.floor(torch.log2(a)), torch.full_like(a, _LO)).clamp(_LO, _LO + _BINS - 1)
+    idx = (e - _LO).long()
+    return torch.zeros(_BINS, dtype=torch.int64, device=t.device).scatter_add_(0, idx, torch.ones_like(idx))
+
+
+def _mx(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None else torch.maximum(a, b.to(a.device))  # NaN propagates: a NaN is reported as such
+
+
+def _fmax(values) -> float | None:
+    """Largest value ignoring NaN (inf counts: it is an overflow); None when there is none."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return max(vals) if vals else (float("nan") if any(v is not None for v in values) else None)
+
+
+class RangeRecorder:
+    """Accumulates magnitudes per step and module path on the device; :meth:`report` reads them once."""
+
+    def __init__(self, tracker: ModuleTracker) -> None:
+        self.tracker = tracker
+        self._acc: dict[tuple[int, str, str], _Acc] = {}  # (step, kind, name)
+        self.steps = 0
+
+    def _get(self, kind: str, name: str, type_name: str) -> _Acc:
+        key = (self.steps, kind, name)
+        acc = self._acc.get(key)
+        if acc is None:
+            acc = self._acc[key] = _Acc(type_name)
+        return acc
+
+    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        outs = tensor_leaves(output)
+        if not outs:
+            return
+        dev = outs[0].device
+        acc = self._get("module", self.tracker.name(module), type(module).__name__)
+        with torch.no_grad():
+            acc.act_max = _mx(acc.act_max, _amax(outs, dev))
+            ins = tensor_leaves((args, kwargs))
+            if ins:
+                acc.in_max = _mx(acc.in_max, _amax(ins, dev))
+        if torch.is_grad_enabled():
+            for t in outs:
+                if t.requires_grad:
+                    t.register_hook(partial(self._grad, acc))
+
+    @staticmethod
+    def _grad(acc: _Acc, grad: torch.Tensor) -> None:
+        if grad is None or not grad.is_floating_point():
+            return
+        with torch.no_grad():
+            acc.grad_max = _mx(acc.grad_max, grad.detach().abs().amax().float())
+            h = _hist(grad)
+            acc.grad_hist = h if acc.grad_hist is None else acc.grad_hist + h.to(acc.grad_hist.device)
+
+    def record_params(self, params: Iterable[torch.Tensor]) -> None:
+        """Parameter gradients at an optimizer step (FP16 autocast computes weight gradients in FP16)."""
+        for p in params:
+            if p.grad is None or not p.grad.is_floating_point():
+                continue
+            self._grad(self._get("param", self.tracker.param_name(p), ""), p.grad)
+        self.steps += 1
+
+    # ------------------------------------------------------------------ the report
+    def report(self) -> RangeReport:
+        def f(t):
+            return None if t is None else float(t.cpu())
+
+        # Read everything once; keep first-seen order of (kind, name).
+        per_step: dict[int, dict[tuple[str, str], tuple]] = {}
+        order: dict[tuple[str, str], str] = {}
+        for (step, kind, name), a in self._acc.items():
+            order.setdefault((kind, name), a.type)
+            hist = None if a.grad_hist is None else a.grad_hist.cpu().tolist()
+            per_step.setdefault(step, {})[(kind, name)] = (f(a.act_max), f(a.in_max), f(a.grad_max), hist)
+        # Where an overflow starts: in the first step that has one. Later steps of the FP32 run may have
+        # diverged because of it (an FP16 run with a scaler would have skipped those updates), so the
+        # statistics below use the steps up to that one.
+        keep: tuple[str, ...] = ()
+        notes = []
+        used = sorted(per_step)
+        for step in sorted(per_step):
+            origins = [name for (kind, name), v in per_step[step].items()
+                       if kind == "module" and v[0] is not None and v[0] > FP16_MAX
+                       and (v[1] is None or v[1] <= FP16_MAX)]
+            if origins:
+                keep = tuple(n for n in origins if not any(o != n and o.startswith(n + ".") for o in origins))
+                used = [k for k in used if k <= step]
+                if len(used) < len(per_step):
+                    notes.append(f"the first FP16 overflow appears at step {step}: statistics use steps 0-{step}")
+                break
+        merged: dict[tuple[str, str], tuple] = {}
+        for key in order:
+            vals = [per_step[k][key] for k in used if key in per_step[k]]
+            hists = [v[3] for v in vals if v[3] is not None]
+            hist = [sum(col) for col in zip(*hists)] if hists else None
+            merged[key] = (_fmax([v[0] for v in vals]), _fmax([v[1] for v in vals]), _fmax([v[2] for v in vals]), hist)
+        gmax = max((v[2] for v in merged.values() if v[2] is not None and math.isfinite(v[2])), default=0.0)
+        scale_exp = _MAX_SCALE_EXP if gmax <= 0 else min(_MAX_SCALE_EXP, math.floor(math.log2(FP16_MAX / _HEADROOM / gmax)))
+        scale = 2.0 ** scale_exp
+        rows: list[ModuleRange] = []
+        for (kind, name), type_name in order.items():
+            if (kind, name) not in merged or all(v is None for v in merged[(kind, name)]):
+                continue
+            act, inp, g, h = merged[(kind, name)]
+            rows.append(ModuleRange(
+                name=name, kind=kind, type=type_name, act_max=act, input_max=inp, grad_max=g,
+                grad_zero_share_fp16=_share(h, FP16_MIN_SUBNORMAL_EXP - 1, 0),
+                grad_subnormal_share_fp16=_share(h, FP16_MIN_NORMAL_EXP - 1, 0),
+                grad_zero_share_scaled=_share(h, FP16_MIN_SUBNORMAL_EXP - 1, scale_exp),
+                overflow_forward=act is not None and act > FP16_MAX,
+                overflow_backward_scaled=g is not None and g * scale > FP16_MAX,
+            ))
+        overflow = tuple(r.name for r in rows if r.overflow_forward)
+        under = tuple(r.name for r in rows if (r.grad_zero_share_fp16 or 0) >= 0.5)
+        if scale_exp < 0:
+            notes.append(f"gradients reach {gmax:.3g}: even scale 1 overflows FP16; keep the named modules in FP32 "
+                         "or lower the loss magnitude")
+        if any(v[0] is not None and not math.isfinite(v[0]) for k in used for v in per_step[k].values()):
+            notes.append("the FP32 run itself produced inf/NaN: magnitudes after that point are not meaningful")
+        if not rows:
+            notes.append("no module ran: nothing recorded")
+        return RangeReport(modules=tuple(rows), recommended_scale=scale, keep_fp32=keep, overflow=overflow,
+                           underflow=under, steps=self.steps, notes=tuple(notes))
+
+
+def _share(hist: list[int] | None, max_exp: int, scale_exp: int) -> float | None:
+    """Share of non-zero elements with floor(log2|g|) + scale_exp <= max_exp."""
+    if hist is None:
+        return None
+    nonzero = sum(hist[1:])
+    if nonzero == 0:
+        return 0.0
+    cut = max_exp - scale_exp - _LO  # last bin index that is below the threshold
+    return sum(hist[1:max(1, min(_BINS, cut + 1))]) / nonzero
+
+
+def fp16_range_report(model: torch.nn.Module, batches: Iterable[Any],
+                      loss_fn: Callable[[Any, Any], torch.Tensor], *, steps: int | None = None,
+                      name: str = "model") -> RangeReport:
+    """Run ``loss_fn(model(x), y)`` and backward for each ``(x, y)`` in ``batches`` (at most ``steps``)
+    in FP32 (autocast off), and predict which activations and gradients FP16 would overflow or flush.
+
+    Gradients are left zeroed (``set_to_none``) and no optimizer step is taken: the model is unchanged.
+
+    >>> r = fp16_range_report(net, [(torch.randn(8, 4), torch.randn(8, 2))], torch.nn.functional.mse_loss)  # doctest: +SKIP
+    >>> r.keep_fp32                                                                                            # doctest: +SKIP
+    ('model.2',)
+    """
+    tracker = ModuleTracker(UserCode("/nonexistent-ampkit"))
+    tracker.add_root(model, name)
+    rec = RangeRecorder(tracker)
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, kw, o: rec.record(m, a, kw, o), with_kwargs=True)
+    try:
+        model.zero_grad(set_to_none=True)
+        for i, (x, y) in enumerate(batches):
+            if steps is not None and i >= steps:
+                break
+            dev = next((p.device.type for p in model.parameters()), "cpu")
+            with torch.autocast(dev, enabled=False) if _has_autocast(dev) else contextlib.nullcontext():
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            rec.record_params(model.parameters())
+            model.zero_grad(set_to_none=True)
+    finally:
+        hook.remove()
+    return rec.report()
+
+
+def _has_autocast(dev: str) -> bool:
+    try:
+        return bool(torch.amp.is_autocast_available(dev))
+    except Exception:  # noqa: BLE001
+        return False

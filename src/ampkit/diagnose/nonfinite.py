@@ -1,0 +1,305 @@
+"""The non-finite locator: the first module, and the aten op inside it, whose output or gradient
+became inf/NaN.
+
+Forward: a global forward hook keeps, per module call, an on-device flag "inputs finite, output
+finite" and the inputs themselves. Backward: the same hook registers tensor hooks on the call's
+outputs and inputs, which record "gradient finite" flags in the order autograd produces them.
+Nothing is read on the host until :meth:`NonFiniteLocator.flush` (at the optimizer step, the next
+forward of the same root, or the end of the run): one batched read per step.
+
+When a flag is false, the failing module is run once more, on the saved inputs and under the
+autocast state it had, inside a :class:`~torch.utils._python_dispatch.TorchDispatchMode` that
+stops at the first aten op producing inf/NaN from finite inputs. Buffers and RNG are restored
+afterwards, so the user's run is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
+
+__all__ = ["NonFiniteLocator", "OpHit", "first_nonfinite_op", "FP16_MAX"]
+
+FP16_MAX = 65504.0
+
+
+@dataclass
+class _Call:
+    """One module forward call of the current step."""
+
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    flags: torch.Tensor  # bool[2] on the output's device: inputs finite, outputs finite
+    autocast: tuple[str, bool, torch.dtype]
+    where: str
+    step: int
+    grads_out: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class _GradEvent:
+    call: _Call
+    kind: str  # "in" (gradient w.r.t. an input) or "out" (w.r.t. an output)
+    ok: torch.Tensor
+
+
+@dataclass(frozen=True)
+class OpHit:
+    """The first aten op that produced inf/NaN."""
+
+    op: str
+    out_dtype: str
+    input_max: tuple[float, ...]
+    inputs_finite: bool
+
+    def describe(self) -> str:
+        mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
+        text = f"`{self.op}` ({self.out_dtype}) on inputs with max |x| {mags}"
+        if self.out_dtype == "float16":
+            text += f"; FP16's largest finite value is {FP16_MAX:g}"
+        if not self.inputs_finite:
+            text += " (its inputs were already non-finite)"
+        return text
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+class _FirstNonFinite(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hit: OpHit | None = None
+        self.fallback: OpHit | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.hit is None:
+            outs = tensor_leaves(out)
+            if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
+                ins = tensor_leaves((args, kwargs or {}))
+                finite = all(bool(torch.isfinite(t).all()) for t in ins)
+                mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
+                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite)
+                if finite:
+                    self.hit = hit
+                elif self.fallback is None:
+                    self.fallback = hit
+        return out
+
+
+def first_nonfinite_op(fn: Callable[[], Any]) -> OpHit | None:
+    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite."""
+    mode = _FirstNonFinite()
+    with mode:
+        fn()
+    return mode.hit or mode.fallback
+
+
+class NonFiniteLocator:
+    """Records module calls and gradients of one step; :meth:`flush` turns the first non-finite
+    one into a finding."""
+
+    def __init__(self, tracker: ModuleTracker, paused: Callable[[], contextlib.AbstractContextManager]) -> None:
+        self.tracker = tracker
+        self._paused = paused
+        self.calls: list[_Call] = []
+        self.events: list[_GradEvent] = []
+        self._roots_called: set[int] = set()
+        self.done = False  # after the first finding, later non-finite values are its consequences
+
+    # ------------------------------------------------------------------ recording
+    def before_root(self, module: torch.nn.Module) -> bool:
+        """A root module starts forward; True when the previous step should be flushed first."""
+        again = id(module) in self._roots_called
+        self._roots_called.add(id(module))
+        return again and bool(self.calls or self.events)
+
+    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, where: str, step: int) -> None:
+        if self.done:
+            return
+        outs = tensor_leaves(output)
+        if not outs:
+            return
+        ins = tensor_leaves((args, kwargs))
+        dev = outs[0].device
+        with torch.no_grad():
+            out_ok = torch.stack([torch.isfinite(t).all() for t in outs]).all()
+            in_ok = (torch.stack([torch.isfinite(t).all().to(dev) for t in ins]).all() if ins
+                     else torch.ones((), dtype=torch.bool, device=dev))
+            flags = torch.stack([in_ok, out_ok])
+        ac = (dev.type, torch.is_autocast_enabled(dev.type), torch.get_autocast_dtype(dev.type))
+        call = _Call(module, args, kwargs, flags, ac, where, step)
+        self.calls.append(call)
+        if torch.is_grad_enabled():
+            for t in outs:
+                if t.requires_grad:
+                    t.register_hook(partial(self._grad_hook, call, "out"))
+            for t in ins:
+                if t.requires_grad:
+                    t.register_hook(partial(self._grad_hook, call, "in"))
+
+    def _grad_hook(self, call: _Call, kind: str, grad: torch.Tensor) -> None:
+        if grad is None or not grad.is_floating_point():
+            return
+        with torch.no_grad():
+            self.events.append(_GradEvent(call, kind, torch.isfinite(grad).all()))
+        if kind == "out":
+            call.grads_out.append(grad)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.events.clear()
+        self._roots_called.clear()
+
+    # ------------------------------------------------------------------ reading
+    def flush(self, *, report_backward: bool = True) -> list[Finding]:
+        """Read this step's flags (one transfer per device) and return at most one forward and one
+        backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss:
+        inf gradients are then its business (see ``scale-collapse``)."""
+        calls, events = self.calls, self.events
+        self.calls, self.events = [], []
+        self._roots_called.clear()
+        findings: list[Finding] = []
+        if calls:
+            flags = _read([c.flags for c in calls])
+            bad = next((i for i, f in enumerate(flags) if not f[1]), None)
+            if bad is not None:
+                findings.append(self._forward_finding(calls[bad], bool(flags[bad][0])))
+                self.done = True
+                return findings
+        if events and report_backward:
+            oks = _read([e.ok for e in events])
+            bad = next((i for i, ok in enumerate(oks) if not ok), None)
+            if bad is not None:
+                findings.append(self._backward_finding(events[_producer(events, oks, bad)]))
+                self.done = True
+        return findings
+
+    def _where(self, call: _Call) -> str:
+        """``model.1 · train.py:19`` plus where the module's forward is defined when it is user code."""
+        text = f"{self.tracker.name(call.module)} · {call.where}"
+        fwd = getattr(type(call.module).forward, "__code__", None)
+        if fwd is not None and self.tracker.user.is_user_file(fwd.co_filename):
+            text += f" (forward defined at {os.path.basename(fwd.co_filename)}:{fwd.co_firstlineno})"
+        return text
+
+    def _forward_finding(self, call: _Call, inputs_finite: bool) -> Finding:
+        who = self.tracker.describe(call.module)
+        name = self.tracker.name(call.module)
+        if not inputs_finite:
+            return Finding(
+                code="nonfinite-forward",
+                message=f"the input of {who} was already inf/NaN when it was called: the non-finite value "
+                        "came from the data or from code outside any module",
+                where=self._where(call), fix="check the batch with `torch.isfinite(x).all()` before the "
+                "forward, and the functional code between modules; " + fix_for("nonfinite-forward"),
+                step=call.step)
+        hit = self._rerun(call, backward=False)
+        dt, enabled, dtype = call.autocast
+        region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
+        detail = f" at {hit.describe()}" if hit else ""
+        return Finding(
+            code="nonfinite-forward",
+            message=f"the output of {who} became inf/NaN{region}{detail}",
+            where=self._where(call),
+            fix=f"keep `{name}` in FP32: `with torch.autocast({dt!r}, enabled=False): y = module(x.float())`; "
+                "or scale down its weights/inputs, or use BF16 where the card has it (`ampkit doctor`)",
+            step=call.step)
+
+    def _backward_finding(self, event: _GradEvent) -> Finding:
+        call = event.call
+        who = self.tracker.describe(call.module)
+        name = self.tracker.name(call.module)
+        if event.kind == "out":
+            return Finding(
+                code="nonfinite-backward",
+                message=f"the gradient arriving at the output of {who} was already inf/NaN: it came from the "
+                        "loss or from code after this module",
+                where=self._where(call), fix=fix_for("nonfinite-backward"), step=call.step)
+        hit = self._rerun(call, backward=True)
+        detail = f" at {hit.describe()}" if hit else ""
+        return Finding(
+            code="nonfinite-backward",
+            message=f"the backward of {who} turned finite gradients into inf/NaN{detail}",
+            where=self._where(call), fix=fix_for("nonfinite-backward"), step=call.step)
+
+    # ------------------------------------------------------------------ re-running one module
+    def _rerun(self, call: _Call, *, backward: bool) -> OpHit | None:
+        """Run the module again on its saved inputs (same autocast state) and find the first bad op."""
+        module = call.module
+        dev_type, enabled, dtype = call.autocast
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        devices = [torch.device(dev_type).index or 0] if dev_type not in ("cpu", "meta") else []
+        try:
+            with self._paused(), torch.random.fork_rng(devices=devices, device_type=dev_type if devices else "cuda"):
+                args, kwargs = _detach((call.args, call.kwargs), requires_grad=backward)
+                if not backward:
+                    with torch.no_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
+                        return first_nonfinite_op(lambda: module(*args, **kwargs))
+                with torch.enable_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
+                    out = module(*args, **kwargs)
+                outs = [t for t in tensor_leaves(out) if t.requires_grad]
+                ins = [t for t in tensor_leaves((args, kwargs)) if t.requires_grad]
+                grads = call.grads_out[: len(outs)]
+                if not ins or len(grads) != len(outs):
+                    return None
+                return first_nonfinite_op(lambda: torch.autograd.grad(outs, ins, grads, allow_unused=True))
+        except Exception:  # noqa: BLE001 - a module that cannot be re-run still gets its finding
+            return None
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+
+
+def _producer(events: list[_GradEvent], oks: list[bool], first_bad: int) -> int:
+    """The event that names the module whose backward made the gradient non-finite: the first bad
+    gradient w.r.t. a module's *input* while the gradients w.r.t. its outputs were finite. Hooks on
+    one tensor fire in registration order, so the producing module's "out" event can come first."""
+    for i in range(first_bad, len(events)):
+        e = events[i]
+        if e.kind == "in" and not oks[i]:
+            outs = [oks[j] for j in range(i) if events[j].call is e.call and events[j].kind == "out"]
+            if all(outs):
+                return i
+    return first_bad
+
+
+def _detach(obj, *, requires_grad: bool):
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if requires_grad and obj.is_floating_point() and obj.requires_grad:
+            t = t.clone().requires_grad_(True)
+        return t
+    if isinstance(obj, tuple):
+        return tuple(_detach(o, requires_grad=requires_grad) for o in obj)
+    if isinstance(obj, list):
+        return [_detach(o, requires_grad=requires_grad) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _detach(v, requires_grad=requires_grad) for k, v in obj.items()}
+    return obj
+
+
+def _read(flags: list[torch.Tensor]) -> list:
+    """Read many small device tensors with one transfer per device, keeping their order."""
+    by_dev: dict[torch.device, list[int]] = {}
+    for i, f in enumerate(flags):
+        by_dev.setdefault(f.device, []).append(i)
+    out: list = [None] * len(flags)
+    for idx in by_dev.values():
+        values = torch.stack([flags[i] for i in idx]).cpu().tolist()
+        for i, v in zip(idx, values):
+            out[i] = v
+    return out

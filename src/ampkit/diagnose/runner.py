@@ -1,0 +1,166 @@
+"""Run an unmodified training script under instrumentation, as ``python SCRIPT ARGS`` would.
+
+The script runs in this interpreter with ``runpy.run_path(path, run_name="__main__")``, with
+``sys.argv = [SCRIPT, *ARGS]`` and ``sys.path[0]`` = the script's folder; both are restored after.
+It stops after ``steps`` optimizer steps (:class:`~ampkit.diagnose.instrument.StopRun`), at its
+own end, at ``sys.exit``, or at an exception, which is mapped to a finding where possible.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+
+from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.fp16range import RangeReport
+from ampkit.diagnose.instrument import Instrumentation, StopRun
+from ampkit.errors import UsageError
+
+__all__ = ["DiagnoseResult", "diagnose_script", "fp16_range_script"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagnoseResult:
+    """What a diagnose run found.
+
+    ``steps``: optimizer steps the script took; ``stopped``: why it ended (``"finished"``,
+    ``"step budget"``, ``"exit N"``, ``"exception"`` or the reason a finding stopped it);
+    ``error``: the script's exception as one line, or None.
+    """
+
+    script: str
+    findings: tuple[Finding, ...]
+    steps: int
+    stopped: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def codes(self) -> list[str]:
+        return [f.code for f in self.findings]
+
+    def to_list(self) -> list[dict]:
+        """The ``--json`` payload: a list of ``{code, message, where, fix, step}``."""
+        return [f.to_dict() for f in self.findings]
+
+
+def _resolve(path: str) -> str:
+    if not path:
+        raise UsageError("no script given: ampkit diagnose SCRIPT [ARGS...]")
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise UsageError(f"script not found: {path}")
+    return full
+
+
+def _run(path: str, args: list[str], inst: Instrumentation) -> tuple[str, BaseException | None]:
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [path, *args]
+    sys.path[0:1] = [os.path.dirname(path)] if sys.path else [os.path.dirname(path)]
+    try:
+        with inst:
+            try:
+                runpy.run_path(path, run_name="__main__")
+                stopped, error = "finished", None
+            except StopRun as stop:
+                stopped, error = str(stop) or "stopped", None
+            except SystemExit as exc:
+                code = exc.code
+                stopped = f"exit {code}" if code not in (None, 0) else "finished"
+                error = exc if code not in (None, 0) else None
+            except Exception as exc:  # noqa: BLE001 - the script's error is a result, not our crash
+                stopped, error = "exception", exc
+            inst.finish()
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return stopped, error
+
+
+def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: int = 50,
+                    device: str | None = None) -> DiagnoseResult:
+    """Run ``python path *args`` in this interpreter, at most ``steps`` optimizer steps, and return findings.
+
+    ``device`` names the device to quote in rerun hints (``cuda``, ``musa``) when the script's own
+    tensors do not show it. Raises :class:`~ampkit.errors.UsageError` for a missing script or bad steps.
+
+    >>> result = diagnose_script("train.py", ["--epochs", "1"], steps=20)   # doctest: +SKIP
+    >>> [f.code for f in result.findings]                                    # doctest: +SKIP
+    ['clip-before-unscale']
+    """
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {steps}")
+    full = _resolve(path)
+    inst = Instrumentation(os.path.dirname(full), steps=steps, mode="diagnose")
+    stopped, error = _run(full, list(args), inst)
+    if error is not None:
+        mapped = _map_exception(error, inst, device)
+        if mapped is not None and not inst.has(mapped.code):
+            inst.add(mapped, key=(mapped.code,))
+    return DiagnoseResult(script=path, findings=tuple(inst.findings), steps=inst.step, stopped=stopped,
+                          error=None if error is None else _one_line(error))
+
+
+def fp16_range_script(path: str, args: list[str] | tuple[str, ...] = (), steps: int = 5) -> tuple[RangeReport, str | None]:
+    """Run the script in FP32 (autocast and GradScaler forced off) for ``steps`` optimizer steps and
+    predict FP16 overflow/underflow per module. Returns the report and the script's error, if any."""
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {steps}")
+    full = _resolve(path)
+    inst = Instrumentation(os.path.dirname(full), steps=steps, mode="range")
+    _, error = _run(full, list(args), inst)
+    return inst.recorder.report(), None if error is None else _one_line(error)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+_DEVICE_ERROR_MARKERS = ("cuda error", "musa error", "device-side assert", "illegal memory access",
+                         "cublas_status", "cudnn_status", "mudnn", "launch failure", "invalid device function")
+
+
+def _script_where(exc: BaseException, inst: Instrumentation) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if inst.user.is_user_file(f.filename)]
+    if not frames:
+        return "(not in the script's code)"
+    f = frames[-1]
+    return f"{os.path.relpath(f.filename) if len(os.path.relpath(f.filename)) < len(f.filename) else f.filename}:{f.lineno}"
+
+
+def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None) -> Finding | None:
+    """Turn the script's exception into a finding: a known AMP defect where the message says so,
+    else ``script-error`` with the rerun hint for device errors."""
+    from ampkit.device import Device, detect_device, parse_device
+
+    text = str(exc)
+    low = text.lower()
+    where = _script_where(exc, inst)
+    line = _one_line(exc)
+    if "attempting to unscale fp16 gradients" in low:
+        return Finding(code="fp16-params-with-scaler", message=f"the script raised {line}", where=where,
+                       fix=fix_for("fp16-params-with-scaler"), step=inst.step)
+    if "binary_cross_entropy" in low and "autocast" in low:
+        return Finding(code="bce-under-autocast", message=f"the script raised {line}", where=where,
+                       fix=fix_for("bce-under-autocast"), step=inst.step)
+    if "not implemented for 'bfloat16'" in low or "not implemented for 'half'" in low:
+        return Finding(code="dtype-unsupported",
+                       message=f"an op has no kernel for this dtype on this device: {line}", where=where,
+                       fix=fix_for("dtype-unsupported"), step=inst.step)
+    try:
+        named = next((Device(t, 0) for t in ("musa", "cuda") if f"{t} error" in low), None)
+        seen = next((Device(t, 0) for t in sorted(inst.devices_seen) if t != "cpu"), None)
+        dev = parse_device(device) if device else named or seen or detect_device()
+    except Exception:  # noqa: BLE001 - a hint must not fail the report
+        dev = Device("cpu")
+    device_error = any(m in low for m in _DEVICE_ERROR_MARKERS)
+    hint = dev.rerun_hint()
+    fix = (f"device errors are reported late and at the wrong line: rerun with `{hint} python SCRIPT ...` "
+           "to stop at the failing op and see the C++ stack" if device_error else
+           f"fix the error shown; to see the C++ stack of a torch error rerun with `{hint} python SCRIPT ...`")
+    return Finding(code="script-error", message=f"the script raised {line}", where=where, fix=fix, step=inst.step)

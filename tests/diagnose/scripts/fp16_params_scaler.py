@@ -1,0 +1,17 @@
+"""Planted: fp16-params-with-scaler. The model is cast to FP16 and trained with a GradScaler."""
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+model.half()  # planted defect
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu")
+x, y = torch.randn(32, 16), torch.randn(32, 4)
+for step in range(3):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
