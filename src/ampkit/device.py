@@ -309,6 +309,15 @@ class Device:
     def current_stream(self) -> Any:
         return self.module.current_stream(self.torch_device)
 
+    def use_stream(self, stream: Any) -> Any:
+        """Context manager that makes ``stream`` current (``torch.cuda.stream`` / ``torch.musa.stream``)."""
+        return self.module.stream(stream)
+
+    def get_sync_debug_mode(self) -> int | None:
+        """The current sync debug mode (0 off, 1 warn, 2 error); None where the backend has none."""
+        fn = getattr(self.module, "get_sync_debug_mode", None) if self.module is not None else None
+        return None if fn is None else int(fn())
+
     def set_sync_debug_mode(self, mode: str | int) -> None:
         """Make host-device synchronisations warn or raise (CUDA/MUSA)."""
         fn = getattr(self.module, "set_sync_debug_mode", None)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -39,6 +39,12 @@ from ampkit.errors import AmpkitError, TrainingHalted, UsageError
 from ampkit.policy import Precision, apply_tf32, resolve_precision
 
 __all__ = ["MixedPrecision", "is_fused"]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (FSDP2's gradient norm comes back as one); other tensors unchanged."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
 
 
 def is_fused(optimizer: torch.optim.Optimizer) -> bool:
@@ -63,6 +69,12 @@ class MixedPrecision:
             :class:`~ampkit.errors.TrainingHalted`. None: never.
         device: where training runs (default: the precision's device).
         set_tf32: apply ``precision.tf32`` to the backend's TF32 switches (global torch state).
+        graph: :meth:`graph_step` captures the whole step as one device graph (CUDA graphs; MUSA
+            graphs from QY2 on); where it cannot, it runs eager steps and says why
+            (``graph_fallback_reason``). Needs a fused optimizer built with ``capturable=True``.
+        agree: makes the skip flag the same on every rank (``ampkit.distributed.agree_found_inf``: an
+            all_reduce MAX, queued on the device); None for one process. With it, the scaler's own
+            found-inf flags are overwritten by the agreed one, so every rank also updates the scale alike.
     """
 
     def __init__(
@@ -79,6 +91,8 @@ class MixedPrecision:
         max_consecutive_skips: int | None = 50,
         device: Device | None = None,
         set_tf32: bool = True,
+        graph: bool = False,
+        agree: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         if precision is None or isinstance(precision, str):
             precision = resolve_precision(precision or "auto", device)
@@ -90,6 +104,7 @@ class MixedPrecision:
             raise UsageError(f"max_consecutive_skips must be >= 1 or None, got {max_consecutive_skips}")
         self.precision = precision
         self.device = device or precision.device
+        self.agree = agree
         self.max_grad_norm = max_grad_norm
         self.accumulation_steps = int(accumulation_steps)
         self.min_scale = float(min_scale)
@@ -112,6 +127,8 @@ class MixedPrecision:
         self._last_found: torch.Tensor | None = None
         self._checked: set[int] = set()
         self._params_cache: dict[int, list[nn.Parameter]] = {}
+        self.graph = bool(graph)
+        self.graph_fallback_reason: str | None = None  # set by graph_step when it runs eagerly
 
     # ------------------------------------------------------------------ forward / backward
     def autocast(self) -> torch.autocast:
@@ -148,11 +165,18 @@ class MixedPrecision:
         grads = [p.grad for p in params if p.grad is not None]
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        norm = self._clip_or_measure(params, grads)
+        norm = _full(self._clip_or_measure(params, grads))
         found = (~torch.isfinite(norm)).to(torch.float32)
         if self.scaler is not None:
             for flag in self.scaler._found_inf_per_device(optimizer).values():
                 found = torch.maximum(found, flag.to(found.device, non_blocking=True))
+        if self.agree is not None:
+            # Sharded (FSDP2) gradients, or one rank's own bad gradient: each rank's flag says only what it
+            # saw. The agreed flag decides the step, and the scaler's update, on every rank alike.
+            found = self.agree(found)
+            if self.scaler is not None:
+                for flag in self.scaler._found_inf_per_device(optimizer).values():
+                    flag.copy_(found)
         self._optimizer_step(optimizer, found)
         if self.scaler is not None:
             self.scaler.update()
@@ -169,6 +193,8 @@ class MixedPrecision:
             return torch.zeros((), device=dev)
         if self.max_grad_norm is not None:
             return torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        if hasattr(grads[0], "full_tensor"):  # DTensor (FSDP2) shards: torch reduces the norm over ranks
+            return torch.nn.utils.get_total_norm(grads)
         norms = torch._foreach_norm(grads)
         return torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]))
 
@@ -198,6 +224,25 @@ class MixedPrecision:
         torch.maximum(c[2], c[1], out=c[2])
         self._last_norm.copy_(norm.detach())
         self._last_found = found
+
+    def graph_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Any, example_batch: Any,
+                   *, warmup: int = 3, parameters: Iterable[torch.Tensor] | None = None) -> Any:
+        """The whole step as one callable ``step(batch) -> loss``, captured as a device graph when the
+        engine was made with ``graph=True`` (see :mod:`ampkit.graph`).
+
+        ``loss_fn(model, batch)`` returns the loss (it runs under :meth:`autocast`). The first ``warmup``
+        calls are eager steps on a side stream; the next one captures and replays. Where capture is
+        impossible (no graphs on the device, a non-capturable optimizer, host syncs in the model) every
+        call is an eager step and ``graph_fallback_reason`` says why.
+
+        >>> opt = torch.optim.AdamW(model.parameters(), fused=True, capturable=True)  # doctest: +SKIP
+        >>> step = amp.graph_step(model, opt, lambda m, b: F.mse_loss(m(b[0]), b[1]), (x, y))  # doctest: +SKIP
+        >>> loss = step((x, y))                                                     # doctest: +SKIP
+        """
+        from ampkit.graph import GraphedStep
+
+        return GraphedStep(self, model, optimizer, loss_fn, example_batch, warmup=warmup,
+                           parameters=list(parameters) if parameters is not None else None)
 
     def uses_host_sync(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether :meth:`step` reads the device each step with this optimizer (non-fused ones do)."""
@@ -298,10 +343,17 @@ class MixedPrecision:
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
-        """DDP's ``no_sync`` on accumulation micro-steps; a no-op otherwise."""
+        """DDP's ``no_sync`` (FSDP2's ``set_requires_gradient_sync(False)``) on accumulation micro-steps;
+        a no-op otherwise."""
         if self.accumulating and hasattr(model, "no_sync"):
             with model.no_sync():
                 yield
+        elif self.accumulating and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
         else:
             yield
 

@@ -1,0 +1,265 @@
+"""The precision x compile matrix: every runner on every configuration, in one process."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ampkit.bench import measure
+from ampkit.bench.report import evaluate_bars, make_notes
+from ampkit.bench.runners import PEERS, RUNNERS, Built, Ctx, Refused, Unavailable, build
+from ampkit.bench.workloads import Workload, load_workload
+from ampkit.device import Device, detect_device
+from ampkit.errors import PrecisionUnsupported, UsageError
+from ampkit.policy import Precision, resolve_precision
+
+__all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
+
+BENCH_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What to measure. None means the device's default (see :func:`run_bench`)."""
+
+    model: str | None = None  # gpt2-small on accelerators, digits on the CPU
+    task_options: dict[str, Any] = field(default_factory=dict)
+    precisions: tuple[str, ...] | None = None  # fp32 tf32 bf16 fp16 where the device has them
+    eager: bool = True
+    compile: bool = False
+    compile_mode: str | None = None  # torch.compile(mode=...); None: the default mode
+    compile_backend: str = "inductor"
+    graph: bool = False  # add the whole-step graph runner to eager configurations
+    runners: tuple[str, ...] | None = None
+    steps: int | None = None  # timed steps per runner: 20 on accelerators, 10 on the CPU
+    warmup: int | None = None  # 5 on accelerators, 2 on the CPU
+    sync_steps: int = 3
+    max_grad_norm: float = 1.0
+    device: str | None = None
+    seed: int = 0
+    command: str | None = None
+
+    def validate(self) -> None:
+        for p in self.precisions or ():
+            if p not in BENCH_PRECISIONS:
+                raise UsageError(f"unknown precision {p!r} for bench: use {', '.join(BENCH_PRECISIONS)}")
+        for r in self.runners or ():
+            if r not in RUNNERS:
+                raise UsageError(f"unknown runner {r!r}: use {', '.join(RUNNERS)}")
+        if not self.eager and not self.compile:
+            raise UsageError("nothing to measure: --no-eager needs --compile")
+        if self.steps is not None and self.steps < 1:
+            raise UsageError(f"--steps must be >= 1, got {self.steps}")
+        if self.warmup is not None and self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+
+
+class _LossModule(nn.Module):
+    """model + loss as one module, so ``torch.compile`` fuses the loss (for an LM, the big
+    cross-entropy over the vocabulary) into the compiled region."""
+
+    def __init__(self, model: nn.Module, loss: Callable[[nn.Module, Any], torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self._loss = loss
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        return self._loss(self.model, batch)
+
+
+def _resolve(label: str, device: Device) -> Precision:
+    if label == "tf32":
+        return resolve_precision("fp32", device, tf32=True)
+    if label == "fp32":
+        return resolve_precision("fp32", device, tf32=False)
+    return resolve_precision(label, device)
+
+
+def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[tuple[str, Precision]]:
+    if config.precisions:
+        out = []
+        for label in dict.fromkeys(config.precisions):
+            prec = _resolve(label, device)
+            out.append((label if label != "auto" else prec.name, prec))
+        if not device.is_accelerator and all(label != "fp32" for label, _ in out):
+            out.insert(0, ("fp32", _resolve("fp32", device)))
+            notes.append("fp32 added as the reference: on the CPU autocast is often slower than FP32")
+        return list({label: (label, prec) for label, prec in out}.values())
+    wanted = ("fp32", "tf32", "bf16", "fp16") if device.is_accelerator else ("fp32", "bf16")
+    out = []
+    for label in wanted:
+        try:
+            out.append((label, _resolve(label, device)))
+        except PrecisionUnsupported as exc:
+            notes.append(f"{label} skipped: {exc}")
+    return out
+
+
+def _runners_for(config: BenchConfig, label: str, compiled: bool) -> list[str]:
+    if config.runners:
+        names = [r for r in config.runners if r != "ampkit-graph" or not compiled]
+        return [r for r in names if not compiled or r not in PEERS]
+    if compiled:
+        return ["plain", "ampkit"]
+    names = ["plain", "ampkit"]
+    if config.graph:
+        names.append("ampkit-graph")
+    names.append("lesson")
+    if label in ("bf16", "fp16"):
+        names.extend(PEERS)
+    return names
+
+
+def _versions(device: Device) -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import ampkit
+
+    out: dict[str, Any] = {"ampkit": ampkit.__version__, **device.runtime_versions()}
+    for pkg in ("accelerate", "lightning"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure every runner on every (precision, compiled) configuration; return the result object
+    (the JSON of ``ampkit bench --json``): device, versions, matmul rate, rows, bars and notes."""
+    config.validate()
+    report = progress or (lambda ev: None)
+    device = detect_device(config.device)
+    notes: list[str] = []
+    spec = config.model or ("gpt2-small" if device.is_accelerator else "digits")
+    precisions = _precisions(config, device, notes)
+    steps = config.steps or (20 if device.is_accelerator else 10)
+    warmup = config.warmup if config.warmup is not None else (5 if device.is_accelerator else 2)
+    device.manual_seed(config.seed)
+    wl = load_workload(spec, device, seed=config.seed, options=config.task_options)
+    report({"event": "start", "model": wl.name, "device": str(device), "name": device.name})
+    peak = measure.matmul_rate(device)
+    report({"event": "peak", **peak})
+
+    modes = ([False] if config.eager else []) + ([True] if config.compile else [])
+    compiled_fwd = None
+    if config.compile:
+        kw = {"backend": config.compile_backend}
+        if config.compile_mode:
+            kw["mode"] = config.compile_mode
+        compiled_fwd = torch.compile(_LossModule(wl.model, wl.loss), **kw)
+    tf32_before = device.tf32_switches()
+    plan = [(label, prec, compiled, r) for label, prec in precisions for compiled in modes
+            for r in _runners_for(config, label, compiled)]
+    rows: list[dict[str, Any]] = []
+    compile_error: str | None = None
+    try:
+        for i, (label, prec, compiled, runner) in enumerate(plan):
+            report({"event": "runner", "index": i, "total": len(plan), "precision": label, "compiled": compiled,
+                    "runner": runner})
+            if compiled and compile_error:
+                row = _row(label, prec, compiled, runner, status="error", message=f"compile failed: {compile_error}")
+            else:
+                fwd = (lambda b, m=compiled_fwd: m(*b)) if compiled else (lambda b, w=wl: w.loss(w.model, b))
+                row = _measure(wl, device, label, prec, compiled, runner, fwd, config, steps, warmup,
+                               peak["flops_per_s"])
+                if compiled and row["status"] == "error" and runner == "plain":
+                    compile_error = row["message"]
+            rows.append(row)
+            _ratios(rows)
+            report({"event": "row", "row": row})
+    finally:
+        if tf32_before:
+            device.set_tf32(all(tf32_before.values()))
+    _ratios(rows)
+    result: dict[str, Any] = {
+        "schema": 1,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": config.command,
+        "device": {"type": device.type, "name": device.name, "capability": device.capability,
+                   "total_memory": device.total_memory},
+        "versions": _versions(device),
+        "model": wl.to_dict(),
+        "peak": peak,
+        "settings": {"steps": steps, "warmup": warmup, "max_grad_norm": config.max_grad_norm,
+                     "compile_mode": config.compile_mode or "default", "compile_backend": config.compile_backend,
+                     "optimizer": "AdamW (fused where the device has it; lesson: default foreach/for-loop)",
+                     "sync_steps": config.sync_steps, "seed": config.seed},
+        "rows": rows,
+    }
+    result["bars"] = evaluate_bars(result)
+    result["notes"] = notes + make_notes(result)
+    return result
+
+
+def _row(label: str, prec: Precision, compiled: bool, runner: str, **kw: Any) -> dict[str, Any]:
+    row = {"precision": label, "compiled": compiled, "runner": runner, "status": "ok", "message": None,
+           "ms_per_step": None, "tokens_per_s": None, "samples_per_s": None, "mfu": None, "peak_mem_bytes": None,
+           "ratio_to_plain": None, "host_syncs_per_step": None, "sync_error": None, "loss_last": None,
+           "warmup_s": None, "tf32": prec.tf32}
+    row.update(kw)
+    return row
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
+
+
+def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled: bool, runner: str,
+             fwd: Callable[[Any], torch.Tensor], config: BenchConfig, steps: int, warmup: int,
+             peak_rate: float) -> dict[str, Any]:
+    wl.reset()
+    gc.collect()
+    device.empty_cache()
+    device.reset_peak_memory_stats()
+    ctx = Ctx(model=wl.model, loss=wl.loss, forward=fwd, example_batch=wl.batches[0], precision=prec,
+              device=device, lr=wl.lr, weight_decay=wl.weight_decay, max_grad_norm=config.max_grad_norm,
+              compiled=compiled)
+    built: Built | None = None
+    try:
+        built = build(runner, ctx)
+        device.set_tf32(prec.tf32)
+        t = measure.time_steps(built.step, wl.batches, device, warmup=warmup + built.extra_warmup, steps=steps)
+        peak_mem = device.max_memory_allocated()
+        loss_last = float(t["last_loss"].float().item())
+        extra = built.finish() if built.finish else {}
+        offset = warmup + built.extra_warmup + steps
+        syncs = measure.count_syncs(built.step, wl.batches, device, n=config.sync_steps, offset=offset)
+        sync_error = None
+        if runner.startswith("ampkit"):
+            sync_error = measure.strict_sync_check(built.step, wl.batches, device, n=config.sync_steps,
+                                                   offset=offset + config.sync_steps)
+    except Refused as exc:
+        return _row(label, prec, compiled, runner, status="refused", message=str(exc))
+    except Unavailable as exc:
+        return _row(label, prec, compiled, runner, status="unavailable", message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one configuration failing must not lose the others
+        return _row(label, prec, compiled, runner, status="error", message=_first_line(exc))
+    finally:
+        if built is not None and built.cleanup is not None:
+            built.cleanup()
+        built = None
+        wl.reset()
+    s = t["s_per_step"]
+    return _row(label, prec, compiled, runner, ms_per_step=s * 1e3,
+                tokens_per_s=(wl.tokens_per_step / s) if wl.tokens_per_step else None,
+                samples_per_s=wl.samples_per_step / s, peak_mem_bytes=peak_mem,
+                mfu=(wl.flops_per_step / s / peak_rate) if wl.flops_per_step and peak_rate else None,
+                host_syncs_per_step=syncs, sync_error=sync_error, loss_last=loss_last,
+                warmup_s=round(t["warmup_s"], 3), **extra)
+
+
+def _ratios(rows: list[dict[str, Any]]) -> None:
+    plain = {(r["precision"], r["compiled"]): r["ms_per_step"] for r in rows
+             if r["runner"] == "plain" and r["status"] == "ok"}
+    for r in rows:
+        base = plain.get((r["precision"], r["compiled"]))
+        if r["status"] == "ok" and base:
+            r["ratio_to_plain"] = r["ms_per_step"] / base
