@@ -1,0 +1,104 @@
+"""``ampkit migrate``: thin CLI over :mod:`ampkit.migrate` (parse flags, call, render)."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["register", "run"]
+
+# Kept literal so `ampkit --help` does not import libcst; tests check them against the library.
+TARGET_CHOICES = ("agnostic", "cuda", "musa")
+
+_EPILOG = """examples:
+  ampkit migrate train.py                      show the diff and the findings
+  ampkit migrate --fix src/                    rewrite every .py file under src/
+  ampkit migrate --target musa --fix train.py  port CUDA code to a Moore Threads card
+  ampkit migrate --select unsafe-torch-load,host-sync-per-step .
+
+exit codes: 0 nothing to change or report, 1 changes or findings, 2 error (e.g. a file that
+does not parse; it is left untouched)."""
+
+
+def register(sub, formatter_class):
+    """Add the ``migrate`` sub-command to ``sub`` (argparse subparsers)."""
+    p = sub.add_parser(
+        "migrate",
+        help="rewrite deprecated / CUDA-only AMP code and lint AMP misuse",
+        description=(
+            "Rewrite torch.cuda.amp / torch.cpu.amp / torch.musa.amp calls to torch.amp with an\n"
+            "explicit device, optionally move device-specific code to one vendor (--target), and\n"
+            "report AMP misuse with stable codes. Prints a unified diff unless --fix is given."
+        ),
+        epilog=_EPILOG,
+        formatter_class=formatter_class,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders (searched for *.py)")
+    p.add_argument("--fix", action="store_true", help="write the changes (atomically) instead of printing a diff")
+    p.add_argument("--target", choices=TARGET_CHOICES, default="agnostic",
+                   help="agnostic: keep the device the code uses; cuda/musa: move device strings, .cuda(), "
+                        "torch.cuda.* runtime calls and nccl/mccl to that vendor")
+    p.add_argument("--select", metavar="CODES", default=None,
+                   help="comma-separated finding codes to check and fix; all when not given")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    """Migrate ``args.paths``; returns 0 (clean), 1 (changes or findings) or 2 (an error)."""
+    from rich.console import Console
+
+    from ampkit.migrate import migrate_paths
+
+    select = None
+    if args.select is not None:
+        select = [c.strip() for c in args.select.split(",") if c.strip()]
+    results = migrate_paths(args.paths, fix=args.fix, target=args.target, select=select)
+
+    out = Console(highlight=False, soft_wrap=True)
+    errors = [r for r in results if r.error]
+    for r in results:
+        if r.error:
+            continue
+        if args.fix and r.written:
+            out.print(f"rewrote {r.path}", style="green")
+        elif r.diff:
+            _print_diff(out, r.diff)
+    findings = [f for r in results for f in r.findings]
+    for f in findings:
+        _print_finding(out, f, args.fix)
+    for r in errors:
+        print(f"ampkit migrate: error: {r.error}", file=sys.stderr)
+
+    changed = sum(r.changed for r in results if not r.error)
+    verb = "rewritten" if args.fix else "would change"
+    print(f"{len(results) - len(errors)} file(s) checked, {changed} {verb}, {len(findings)} finding(s)"
+          + (f", {len(errors)} error(s)" if errors else ""), file=sys.stderr)
+    if errors:
+        return 2
+    return 1 if changed or findings else 0
+
+
+def _print_diff(out, diff: str) -> None:
+    if not out.is_terminal:  # plain, so it can be piped to `patch` or `git apply`
+        sys.stdout.write(diff)
+        return
+    from rich.text import Text
+
+    styles = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
+    for line in diff.splitlines():
+        style = next((s for prefix, s in styles if line.startswith(prefix)), "")
+        out.print(Text(line, style=style))
+
+
+def _print_finding(out, f, fix: bool) -> None:
+    from rich.text import Text
+
+    state = ("fixed" if fix else "fixable with --fix") if f.rewritten else "manual fix"
+    head = Text()
+    head.append(f"{f.where()}: ", style="bold")
+    head.append(f.code, style="yellow")
+    head.append(f" {f.message} ")
+    head.append(f"[{state}]", style="dim")
+    out.print(head)
+    for i, line in enumerate(f.fix.splitlines()):
+        out.print(Text(("    fix: " if i == 0 else "         ") + line, style="cyan"))

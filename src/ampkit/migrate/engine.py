@@ -1,0 +1,129 @@
+"""Run the rules over one source string: parse, lint, rewrite, check the result parses."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from ampkit.errors import AmpkitError, UsageError
+from ampkit.migrate.context import TARGETS, Context
+from ampkit.migrate.findings import CODES, Finding
+from ampkit.migrate.rules import RULES
+from ampkit.migrate.rules.base import Replacement
+
+__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options"]
+
+
+class SourceSyntaxError(UsageError):
+    """The input does not parse; it is reported and never written."""
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    """``new_code`` equals the input when ``changed`` is False."""
+
+    new_code: str
+    findings: tuple[Finding, ...]
+    changed: bool
+
+
+def check_options(target: str, select: Iterable[str] | None) -> frozenset[str] | None:
+    """Validate ``target`` and ``select``; returns the selected codes (None: all)."""
+    if target not in TARGETS:
+        raise UsageError(f"unknown --target {target!r}; choose one of {', '.join(TARGETS)}")
+    if select is None:
+        return None
+    codes = frozenset(select)
+    unknown = sorted(codes - set(CODES))
+    if unknown:
+        raise UsageError(f"unknown code(s) {', '.join(unknown)} in --select; known: {', '.join(CODES)}")
+    return codes
+
+
+def _compile(code: str, filename: str) -> None:
+    with warnings.catch_warnings():  # invalid escape sequences and the like are not our business
+        warnings.simplefilter("ignore")
+        compile(code, filename, "exec", dont_inherit=True)
+
+
+def _parse(code: str, filename: str) -> cst.Module:
+    # The interpreter's own compiler is the judge of "parses"; libcst accepts a little more.
+    try:
+        _compile(code, filename)
+        return cst.parse_module(code)
+    except SyntaxError as exc:
+        raise SourceSyntaxError(f"{filename}:{exc.lineno}: does not parse ({exc.msg}); left untouched") from None
+    except cst.ParserSyntaxError as exc:
+        raise SourceSyntaxError(f"{filename}:{exc.raw_line}: does not parse ({exc.message}); left untouched") \
+            from None
+
+
+class _Apply(cst.CSTTransformer):
+    """Applies the rules' replacements to the nodes they registered, innermost first."""
+
+    def __init__(self, replacements: dict[cst.CSTNode, list[Replacement]]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):
+        for fn in self.replacements.get(original_node, ()):
+            if not isinstance(updated_node, cst.CSTNode):
+                break  # removed or split by an earlier rule: nothing left to rewrite
+            updated_node = fn(updated_node)
+        return updated_node
+
+
+def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str] | None = None,
+                   filename: str = "<string>") -> MigrateResult:
+    """Migrate one module's source.
+
+    >>> r = migrate_source("import torch\\ns = torch.cuda.amp.GradScaler()\\n")
+    >>> r.new_code.splitlines()[1]
+    's = torch.amp.GradScaler("cuda")'
+
+    Raises :class:`SourceSyntaxError` (a :class:`~ampkit.errors.UsageError`) when ``code`` does
+    not parse.
+    """
+    selected = check_options(target, select)
+    module = _parse(code, filename)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # freshly parsed: nobody else holds it
+    ctx = Context(wrapper, target=target, filename=filename)
+    findings: list[Finding] = []
+    replacements: dict[cst.CSTNode, list[Replacement]] = {}
+    for rule_cls in RULES:
+        if selected is not None and rule_cls.codes and not selected.intersection(rule_cls.codes):
+            continue
+        if not rule_cls.applies(ctx):
+            continue
+        rule = rule_cls(ctx)
+        try:
+            wrapper.visit(rule)
+        except Exception as exc:  # a rule bug must not become a traceback or a half-written file
+            raise AmpkitError(f"{filename}: internal error in {rule_cls.__name__} ({exc.__class__.__name__}: "
+                              f"{exc}); file left untouched. Please report this with the file.") from exc
+        findings.extend(f for f in rule.findings if selected is None or f.code in selected)
+        for node, fn in rule.replacements:
+            replacements.setdefault(node, []).append(fn)
+    try:
+        new_code = wrapper.module.visit(_Apply(replacements)).code if replacements else code
+    except Exception as exc:
+        raise AmpkitError(f"{filename}: internal error while rewriting ({exc.__class__.__name__}: {exc}); "
+                          "file left untouched. Please report this with the file.") from exc
+    if new_code != code:
+        try:
+            _compile(new_code, filename)
+        except SyntaxError as exc:  # a rule bug: never hand out code that does not run
+            raise AmpkitError(f"{filename}: migrate produced code that does not parse ({exc.msg} at line "
+                              f"{exc.lineno}); nothing written. Please report this with the file.") from None
+    return MigrateResult(new_code, _dedupe(findings), new_code != code)
+
+
+def _dedupe(findings: list[Finding]) -> tuple[Finding, ...]:
+    seen: dict[tuple[int, str], Finding] = {}
+    for f in findings:
+        seen.setdefault((f.line, f.code), f)
+    return tuple(sorted(seen.values(), key=lambda f: (f.line, f.code)))

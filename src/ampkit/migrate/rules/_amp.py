@@ -1,0 +1,38 @@
+"""What the autocast, GradScaler and custom_fwd rules share: the new callee and the device."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampkit.migrate.amp_refs import AmpRef
+from ampkit.migrate.device_resolve import DeviceChoice
+from ampkit.migrate.rules.base import Rule
+
+__all__ = ["new_callee", "amp_refs_for", "report_fallback"]
+
+
+def new_callee(ref: AmpRef, func: cst.BaseExpression) -> cst.BaseExpression:
+    """``torch.cuda.amp.X`` -> ``torch.amp.X``; an imported name stays (its import moves instead)."""
+    if ref.style != "rooted":
+        return func
+    # func is Attribute(Attribute(Attribute(torch, cuda), amp), X): drop the vendor segment.
+    amp = func.value
+    return func.with_changes(value=amp.with_changes(value=amp.value.value))
+
+
+def amp_refs_for(rule: Rule, *apis: str) -> list[AmpRef]:
+    """The rewritable references to the given APIs."""
+    return [r for r in rule.ctx.amp_refs.refs if r.api in apis and r.rewrite]
+
+
+def report_fallback(rule: Rule, ref: AmpRef, choice: DeviceChoice, new: str, example: str) -> None:
+    """The device was hard-coded to the old vendor: say so and show the device-agnostic form."""
+    if not choice.fallback:
+        return
+    old = f"torch.{ref.vendor}.amp.{ref.api}"
+    rule.report(
+        ref.node, "deprecated-amp-api",
+        f"{old} is deprecated; rewritten to {new} with the device hard-coded to {choice.code} "
+        f"({choice.why}). Pass the device in so the code runs on cuda, musa and cpu.",
+        example, rewritten=True,
+    )

@@ -1,0 +1,26 @@
+"""``from torch.cuda.amp import X`` -> ``from torch.amp import X``; ``from torch.cuda import amp`` ->
+``from torch import amp``; ``import torch.cuda.amp as amp`` -> ``import torch.amp as amp``.
+
+Only imports whose every use the call rules rewrote (decided in :mod:`ampkit.migrate.amp_refs`).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampkit.migrate._cst import expr
+from ampkit.migrate.rules.base import Rule
+
+__all__ = ["AmpImportsRule"]
+
+
+class AmpImportsRule(Rule):
+    codes = ("deprecated-amp-api",)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        for imp, module in self.ctx.amp_refs.moves.items():
+            if isinstance(imp, cst.ImportFrom):
+                self.replace(imp, lambda u, m=module: u.with_changes(module=expr(m)))
+            else:  # ImportAlias of `import torch.cuda.amp as amp`
+                self.replace(imp, lambda u, m=module: u.with_changes(name=expr(m)))
+        return False  # the work is done from the analysis: no need to walk the tree

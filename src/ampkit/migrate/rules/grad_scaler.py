@@ -1,0 +1,35 @@
+"""``torch.{cuda,musa}.amp.GradScaler(...)`` -> ``torch.amp.GradScaler(<device>, ...)``.
+
+The new signature is the old one with ``device`` in front, so every argument keeps its place.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampkit.migrate._cst import expr, prepend_arg
+from ampkit.migrate.amp_refs import AmpRef
+from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
+from ampkit.migrate.rules.base import Rule
+
+__all__ = ["GradScalerRule"]
+
+
+class GradScalerRule(Rule):
+    codes = ("deprecated-amp-api",)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        for ref in amp_refs_for(self, "GradScaler"):
+            self._rewrite(ref)
+        return False  # the work is done from the analysis: no need to walk the tree
+
+    def _rewrite(self, ref: AmpRef) -> None:
+        choice = self.ctx.devices.resolve(ref.call, ref.vendor)
+        report_fallback(self, ref, choice, f"torch.amp.GradScaler({choice.code}, ...)",
+                        "scaler = torch.amp.GradScaler(device.type, enabled=(dtype == torch.float16))")
+
+        def fix(updated: cst.Call) -> cst.Call:
+            new = updated.with_changes(func=new_callee(ref, updated.func))
+            return prepend_arg(new, cst.Arg(expr(choice.code)))
+
+        self.replace(ref.call, fix)

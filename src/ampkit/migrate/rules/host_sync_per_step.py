@@ -1,0 +1,133 @@
+"""``host-sync-per-step``: ``.item()`` or ``if not torch.isfinite(...)`` in the body of a training
+loop (a for/while whose own body calls ``.backward()`` or steps the optimizer).
+
+Each one makes the host wait for the device every step, so the GPU idles while Python catches
+up. The same call under ``if step % N == 0`` runs every N steps and is fine.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampkit.migrate._cst import dotted, last_name
+from ampkit.migrate.rules.base import Rule
+
+__all__ = ["HostSyncPerStepRule"]
+
+_CHECKS = ("isfinite", "isnan", "isinf")
+_HOST_MODULES = ("math", "np", "numpy", "cmath")
+
+
+class _Frame:
+    def __init__(self, training: bool) -> None:
+        self.training = training
+        self.guards = 0  # enclosing `if ... % N ...` bodies inside this loop
+
+
+class _IsTrainingLoop(cst.CSTVisitor):
+    """Whether a loop body itself (not a nested loop or def) calls ``.backward()`` or steps an
+    optimizer (``scaler.step(opt)``, ``optimizer.step()``): with gradient accumulation the step,
+    not the backward, marks the loop that runs once per training step."""
+
+    found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute):
+            return
+        receiver = (dotted(func.value) or "").lower()
+        self.found |= func.attr.value == "backward" or (
+            func.attr.value == "step" and (bool(node.args) or "opt" in receiver))
+
+    def visit_For(self, node: cst.For) -> bool:
+        return False
+
+    def visit_While(self, node: cst.While) -> bool:
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+
+def _has_modulo(node: cst.CSTNode) -> bool:
+    class _Mod(cst.CSTVisitor):
+        found = False
+
+        def visit_Modulo(self, n: cst.Modulo) -> None:
+            self.found = True
+
+    finder = _Mod()
+    node.visit(finder)
+    return finder.found
+
+
+class HostSyncPerStepRule(Rule):
+    codes = ("host-sync-per-step",)
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._frames: list[_Frame] = []
+
+    def _push_loop(self, node: cst.For | cst.While) -> None:
+        finder = _IsTrainingLoop()
+        node.body.visit(finder)
+        self._frames.append(_Frame(finder.found))
+
+    def visit_For_body(self, node: cst.For) -> None:
+        self._push_loop(node)
+
+    def leave_For_body(self, node: cst.For) -> None:
+        self._frames.pop()
+
+    def visit_While_body(self, node: cst.While) -> None:
+        self._push_loop(node)
+
+    def leave_While_body(self, node: cst.While) -> None:
+        self._frames.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._frames.append(_Frame(False))  # a nested def is not run by the loop around it
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._frames.pop()
+
+    def _per_step(self) -> bool:
+        return bool(self._frames) and self._frames[-1].training and self._frames[-1].guards == 0
+
+    def visit_If(self, node: cst.If) -> None:
+        if self._per_step() and self._checks_finite(node.test):
+            self.report(node, "host-sync-per-step",
+                        f"`if {self.ctx.code(node.test)}` reads a device value on the host every step, "
+                        "which waits for the GPU. GradScaler already skips steps with inf/NaN gradients.",
+                        "bad_steps += (~torch.isfinite(loss)).int()  # on device; read it when you log")
+
+    def visit_If_body(self, node: cst.If) -> None:
+        if self._frames and _has_modulo(node.test):
+            self._frames[-1].guards += 1
+
+    def leave_If_body(self, node: cst.If) -> None:
+        if self._frames and _has_modulo(node.test):
+            self._frames[-1].guards -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if last_name(node.func) == "item" and isinstance(node.func, cst.Attribute) and not node.args \
+                and self._per_step():
+            self.report(node, "host-sync-per-step",
+                        f"`{self.ctx.code(node.func.value)}.item()` copies to the host every step, which "
+                        "waits for the GPU. Accumulate on the device and read every N steps.",
+                        "running = running + loss.detach()\nif step % log_every == 0:\n"
+                        "    print((running / log_every).item()); running.zero_()")
+
+    @staticmethod
+    def _checks_finite(test: cst.BaseExpression) -> bool:
+        class _Find(cst.CSTVisitor):
+            found = False
+
+            def visit_Call(self, n: cst.Call) -> None:
+                name = dotted(n.func) or ""
+                # math.isfinite / np.isfinite test host numbers: no device sync of their own.
+                self.found |= last_name(n.func) in _CHECKS and name.split(".")[0] not in _HOST_MODULES
+
+        finder = _Find()
+        test.visit(finder)
+        return finder.found

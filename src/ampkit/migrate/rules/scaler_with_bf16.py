@@ -1,0 +1,83 @@
+"""``scaler-with-bf16``: a GradScaler that is always enabled, in a function (or file) whose autocast
+runs in bfloat16.
+
+BF16 has FP32's exponent range: loss scaling buys nothing and costs a sync per step. A scaler with
+``enabled=<expression>`` is taken to be conditional and not reported.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampkit.migrate._cst import dotted, kwarg, string_value
+from ampkit.migrate.rules.base import Rule
+
+__all__ = ["ScalerWithBf16Rule"]
+
+
+class ScalerWithBf16Rule(Rule):
+    codes = ("scaler-with-bf16",)
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._scope: list[cst.CSTNode] = []
+        self._scalers: list[tuple[cst.CSTNode, cst.Call]] = []
+        self._bf16: set[cst.CSTNode] = set()  # scopes with a bf16 autocast
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._scope.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._scope.append(node)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._scope.pop()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = self.ctx.callee(node.func)
+        if name == "GradScaler" and self._always_enabled(node):
+            self._scalers.append((self._scope[-1], node))
+        elif name == "autocast" and self._is_bf16(node):
+            self._bf16.add(self._scope[-1])
+
+    def leave_Module(self, node: cst.Module) -> None:
+        module = self.ctx.module
+        for scope, call in self._scalers:
+            if scope in self._bf16 or module in self._bf16 or (scope is module and self._bf16):
+                self.report(call, "scaler-with-bf16",
+                            "this GradScaler is always enabled while autocast runs in bfloat16; BF16 "
+                            "has FP32's exponent range, so scaling only adds work. Enable it for FP16 only.",
+                            "scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))")
+
+    @staticmethod
+    def _always_enabled(call: cst.Call) -> bool:
+        enabled = kwarg(call, "enabled")
+        if enabled is not None:
+            return dotted(enabled.value) == "True"
+        return sum(1 for a in call.args if a.keyword is None) < 5  # enabled is never positional here
+
+    def _is_bf16(self, call: cst.Call) -> bool:
+        dtype = kwarg(call, "dtype")
+        positional = [a for a in call.args if a.keyword is None]
+        old_api = "amp.autocast" in (dotted(call.func) or "") and "torch.amp" not in (dotted(call.func) or "")
+        if dtype is None and len(positional) >= 2:
+            dtype = positional[1]  # (enabled, dtype) in the old API, (device_type, dtype) in the new
+        if dtype is None:  # the cpu autocast defaults to bfloat16
+            device = kwarg(call, "device_type") or (positional[0] if positional and not old_api else None)
+            return ".cpu.amp." in f".{dotted(call.func)}." or (
+                device is not None and string_value(device.value) == "cpu")
+        return self._names_bf16(dtype.value)
+
+    def _names_bf16(self, value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.Name):  # a parameter default or a local constant
+            return self._resolve(value.value)
+        return (dotted(value) or "").endswith("bfloat16")
+
+    def _resolve(self, name: str) -> bool:
+        scope = self._scope[-1]
+        if not isinstance(scope, cst.FunctionDef):
+            return False
+        for p in (*scope.params.params, *scope.params.kwonly_params):
+            if p.name.value == name and p.default is not None:
+                return (dotted(p.default) or "").endswith("bfloat16")
+        return False

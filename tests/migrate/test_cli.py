@@ -1,0 +1,166 @@
+"""`ampkit migrate` end to end: exit codes, output, --fix, --select, --target, and never-corrupt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ampkit.cli import main
+from ampkit.cli.migrate import TARGET_CHOICES
+from ampkit.migrate import TARGETS
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+OLD = """import torch
+
+def step(model, x, ckpt):
+    with torch.cuda.amp.autocast():
+        y = model(x)
+    return y, torch.load(ckpt)
+"""
+CLEAN = """import torch
+
+def step(model, x, device):
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        return model(x)
+"""
+BROKEN = "def step(:\n    return 1\n"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode())
+    return path
+
+
+def test_diff_by_default_and_file_untouched(tmp_path, capsys):
+    f = _write(tmp_path / "train.py", OLD)
+    assert main(["migrate", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert '-    with torch.cuda.amp.autocast():' in out
+    assert '+    with torch.amp.autocast("cuda"):' in out
+    assert "unsafe-torch-load" in out and "deprecated-amp-api" in out
+    assert f.read_text() == OLD
+
+
+def test_clean_file_exits_zero(tmp_path, capsys):
+    f = _write(tmp_path / "ok.py", CLEAN)
+    assert main(["migrate", str(f)]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_fix_writes_and_second_run_is_a_no_op(tmp_path, capsys):
+    f = _write(tmp_path / "train.py", OLD)
+    os.chmod(f, 0o640)
+    assert main(["migrate", "--fix", str(f)]) == 1
+    fixed = f.read_text()
+    assert 'torch.amp.autocast("cuda")' in fixed and "weights_only=True" in fixed
+    assert os.stat(f).st_mode & 0o777 == 0o640  # the mode survives the atomic replace
+    assert [p.name for p in tmp_path.iterdir()] == ["train.py"]  # no temp file left behind
+    capsys.readouterr()
+    assert main(["migrate", "--fix", str(f)]) == 0  # nothing left to change or report
+    assert f.read_text() == fixed
+    assert "rewrote" not in capsys.readouterr().out
+
+
+def test_unparseable_file_is_reported_and_left_byte_for_byte(tmp_path, capsys):
+    bad = _write(tmp_path / "bad.py", BROKEN)
+    good = _write(tmp_path / "good.py", OLD)
+    before = bad.read_bytes()
+    assert main(["migrate", "--fix", str(bad), str(good)]) == 2
+    err = capsys.readouterr().err
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and "bad.py:1: does not parse" in error_lines[0]
+    assert "Traceback" not in err
+    assert bad.read_bytes() == before
+    assert "torch.amp.autocast" in good.read_text()  # the other file is still migrated
+
+
+def test_missing_path_is_an_error(tmp_path, capsys):
+    assert main(["migrate", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_select_limits_rules(tmp_path, capsys):
+    f = _write(tmp_path / "train.py", OLD)
+    assert main(["migrate", "--fix", "--select", "unsafe-torch-load", str(f)]) == 1
+    text = f.read_text()
+    assert "weights_only=True" in text and "torch.cuda.amp.autocast()" in text
+    assert "deprecated-amp-api" not in capsys.readouterr().out
+
+
+def test_unknown_select_code_is_a_usage_error(tmp_path, capsys):
+    f = _write(tmp_path / "train.py", OLD)
+    assert main(["migrate", "--select", "no-such-code", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-code" in err and len(err.strip().splitlines()) == 1
+    assert f.read_text() == OLD
+
+
+def test_bad_target_is_rejected_by_argparse(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["migrate", "--target", "rocm", str(tmp_path)])
+    assert exc.value.code == 2
+
+
+def test_cli_targets_match_library():
+    assert TARGET_CHOICES == TARGETS
+
+
+def test_target_musa(tmp_path, capsys):
+    f = _write(tmp_path / "train.py", 'import torch\nx = torch.zeros(1).cuda()\ntorch.cuda.synchronize()\n')
+    assert main(["migrate", "--fix", "--target", "musa", str(f)]) == 1
+    assert f.read_text() == 'import torch\nx = torch.zeros(1).to("musa")\ntorch.musa.synchronize()\n'
+
+
+def test_fix_writes_only_the_given_paths(tmp_path, capsys):
+    given = _write(tmp_path / "proj" / "a.py", OLD)
+    nested = _write(tmp_path / "proj" / "pkg" / "b.py", OLD)
+    sibling = _write(tmp_path / "other" / "c.py", OLD)
+    hidden = _write(tmp_path / "proj" / ".venv" / "d.py", OLD)
+    data = _write(tmp_path / "proj" / "notes.txt", OLD)
+    outside = _write(tmp_path / "outside" / "e.py", OLD)
+    (tmp_path / "proj" / "link.py").symlink_to(outside)
+    (tmp_path / "proj" / "linkdir").symlink_to(outside.parent, target_is_directory=True)
+    assert main(["migrate", "--fix", str(given), str(nested.parent)]) == 1
+    assert "torch.amp.autocast" in given.read_text() and "torch.amp.autocast" in nested.read_text()
+    for untouched in (sibling, hidden, data, outside):
+        assert untouched.read_text() == OLD, untouched
+
+
+def test_crlf_line_endings_survive(tmp_path, capsys):
+    f = tmp_path / "win.py"
+    f.write_bytes(OLD.replace("\n", "\r\n").encode())
+    assert main(["migrate", "--fix", str(f)]) == 1
+    data = f.read_bytes()
+    assert b"torch.amp.autocast" in data and data.count(b"\r\n") == OLD.count("\n")
+    assert b"\n" not in data.replace(b"\r\n", b"")
+
+
+def test_real_subprocess(tmp_path):
+    f = _write(tmp_path / "train.py", OLD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "ampkit", "migrate", str(f)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert '+    with torch.amp.autocast("cuda"):' in proc.stdout
+    assert "\x1b[" not in proc.stdout  # not a terminal: no colour codes in the diff
+    assert "1 would change" in proc.stderr
+    assert f.read_text() == OLD
+
+
+def test_diff_is_coloured_only_on_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from ampkit.cli.migrate import _print_diff
+
+    diff = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-old\n+new\n"
+    buf = io.StringIO()
+    _print_diff(Console(file=buf, force_terminal=True, soft_wrap=True), diff)
+    assert "\x1b[" in buf.getvalue() and "+new" in buf.getvalue()
