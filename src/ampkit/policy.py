@@ -21,7 +21,7 @@ from ampkit.hardware import Capabilities, capabilities
 
 __all__ = ["Precision", "resolve_precision", "PRECISION_CHOICES", "apply_tf32"]
 
-PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32")
+from ampkit.choices import PRECISION_CHOICES  # noqa: E402  (re-exported)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 

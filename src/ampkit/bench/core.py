@@ -20,7 +20,7 @@ from ampkit.policy import Precision, resolve_precision
 
 __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
 
-BENCH_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+from ampkit.choices import BENCH_PRECISIONS  # noqa: E402  (re-exported)
 Progress = Callable[[dict[str, Any]], None]
 
 

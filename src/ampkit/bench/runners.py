@@ -26,11 +26,13 @@ from torch import nn
 from ampkit.device import Device
 from ampkit.policy import Precision
 
+from ampkit.choices import BENCH_PEERS, BENCH_RUNNERS  # noqa: E402
+
 __all__ = ["RUNNERS", "CORE_RUNNERS", "PEERS", "Ctx", "Built", "Refused", "Unavailable", "build"]
 
 CORE_RUNNERS = ("plain", "ampkit")
-PEERS = ("accelerate", "fabric")
-RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", *PEERS)
+PEERS = BENCH_PEERS
+RUNNERS = BENCH_RUNNERS
 
 Step = Callable[[tuple[torch.Tensor, ...]], torch.Tensor]
 

@@ -23,7 +23,7 @@ torch loop's), syncs/step (host-device synchronisations, counted by the sync deb
 
 
 def register(sub, formatter_class):
-    from ampkit.bench import BENCH_PRECISIONS, RUNNERS
+    from ampkit.choices import BENCH_PRECISIONS, BENCH_RUNNERS as RUNNERS
 
     p = sub.add_parser("bench", help="step time, throughput, MFU, peak memory and engine overhead per precision",
                        description="Time the AMP engine against a hand-written torch loop, the lesson's loop and "

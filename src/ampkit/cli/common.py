@@ -16,7 +16,7 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision_arg(p: argparse.ArgumentParser, default: str | None = "auto") -> None:
-    from ampkit.policy import PRECISION_CHOICES
+    from ampkit.choices import PRECISION_CHOICES
 
     p.add_argument("--precision", default=default, choices=PRECISION_CHOICES, metavar="P",
                    help="auto | bf16 | fp16 | fp32")
