@@ -1,0 +1,174 @@
+"""``ampkit compare``: FP32 against AMP on the same seeds, weights and data; a verdict and a report."""
+
+from __future__ import annotations
+
+import sys
+
+from ampkit.cli.common import add_device_arg, add_precision_arg, console, err_console, print_json
+from ampkit.cli.train import add_task_args
+
+EXAMPLES = """examples:
+  ampkit compare                                   # digits, the device's low precision, 3 seeds
+  ampkit compare --precision fp16 --seeds 5        # judge FP16 against five FP32 seeds
+  ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
+  ampkit compare --json > verdict.json             # the same as DIR/compare.json, on stdout
+
+exit status: 0 pass, 1 fail, 2 bad input. The verdict: docs/compare.md.
+"""
+
+
+def register(sub, formatter_class):
+    p = sub.add_parser("compare", help="FP32 vs AMP from the same seeds: verdict, curves, speed-up, report",
+                       description="Train the task in FP32 over N seeds and in the AMP precision from the same seeds, "
+                                   "initial weights and data order. Pass when the AMP loss stays inside the FP32 "
+                                   "seed band, the final metric is within the FP32 spread, at most 5% of steps are "
+                                   "skipped and the FP16 scale does not collapse. Also measures samples/s and peak "
+                                   "memory of both. Writes DIR/compare.json and DIR/report.html.",
+                       epilog=EXAMPLES, formatter_class=formatter_class)
+    add_task_args(p)
+    add_precision_arg(p)
+    add_device_arg(p)
+    p.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds 0..N-1 (FP32 spread needs >= 2)")
+    p.add_argument("--steps", type=int, default=None, metavar="S", help="optimizer steps per run (default: the task's)")
+    p.add_argument("--log-every", type=int, default=None, metavar="L",
+                   help="steps per point of the loss curves (default: about 40 points)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
+    p.add_argument("--out", default="runs/compare", metavar="DIR", help="compare.json, report.html and PNGs go here")
+    p.add_argument("--no-audit", action="store_true", help="skip the per-op dtype audit in the report")
+    p.add_argument("--json", action="store_true", help="print compare.json on stdout instead of a summary")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from ampkit.errors import UsageError
+    from ampkit.tasks import parse_task_args
+    from ampkit.verify.compare import compare
+
+    if args.seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.log_every is not None and args.log_every < 1:
+        raise UsageError(f"--log-every must be >= 1, got {args.log_every}")
+    with _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
+        result = compare(args.task, precision=args.precision, seeds=args.seeds, steps=args.steps,
+                         log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
+                         lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        _summary(result)
+    return 0 if result.passed else 1
+
+
+class _Progress:
+    """One rich bar over all 2N runs (steps of every run); plain lines when stderr is not a TTY."""
+
+    def __init__(self, enabled: bool, quiet: bool) -> None:
+        self.enabled = enabled
+        self.quiet = quiet
+        self.err = err_console()
+        self.progress = None
+        self.bar = None
+        self.steps = 0
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=self.err)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def __call__(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if self.quiet:
+            return
+        if kind == "compare_start":
+            self.steps = ev["steps"]
+            self.err.print(f"[bold]{ev['task']}[/] on {ev['device']}: FP32 vs {ev['precision'].upper()} "
+                           f"({ev['reason']}), seeds {ev['seeds']}, {ev['steps']} steps each")
+            if self.progress is not None:
+                self.bar = self.progress.add_task("compare", total=ev["runs"] * ev["steps"], info="")
+        elif kind == "run_start":
+            desc = f"run {ev['run']}/{ev['runs']} seed {ev['seed']} {ev['precision']}"
+            if self.progress is not None:
+                self.progress.update(self.bar, description=desc, completed=(ev["run"] - 1) * self.steps)
+        elif kind == "log" and self.progress is not None:
+            loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
+            self.progress.update(self.bar, completed=(ev["run"] - 1) * self.steps + ev["step"],
+                                 info=f"loss {loss}" + (f" scale {ev['scale']:g}" if ev.get("scale", 1) != 1 else ""))
+        elif kind == "run_end":
+            if self.progress is not None:
+                self.progress.update(self.bar, completed=ev["run"] * self.steps)
+            else:
+                value = "n/a" if ev["value"] is None else f"{ev['value']:.4g}"
+                self.err.print(f"run {ev['run']}/{ev['runs']} seed {ev['seed']} {ev['precision']}: "
+                               f"{ev['metric']} {value}, {ev['wall_s']:.1f}s", highlight=False)
+        elif kind == "audit" and self.progress is not None:
+            self.progress.update(self.bar, description="audit")
+        elif kind == "report" and self.progress is not None:
+            self.progress.update(self.bar, description="report")
+
+
+def _num(v, fmt="{:.4g}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _summary(r) -> None:
+    from rich.table import Table
+
+    out = console()
+    amp = r.precision.upper()
+    m = r.final_metric
+    t = Table(title=f"{r.task}: FP32 vs {amp} on {r.device['name']} ({r.device['str']}), "
+                    f"{len(r.seeds)} seeds x {r.steps} steps", title_justify="left")
+    t.add_column("")
+    t.add_column("FP32", justify="right")
+    t.add_column(amp, justify="right")
+    t.add_column("", justify="left")
+
+    def span(vals):
+        vals = [v for v in vals if v is not None]
+        return f"{min(vals):.4g}..{max(vals):.4g}" if len(vals) > 1 else (f"{vals[0]:.4g}" if vals else "n/a")
+
+    allowed = m.get("allowed")
+    t.add_row(f"final {m['name']} (mean)", _num(m.get("fp32_mean")), _num(m.get("amp_mean")),
+              f"allowed {'>=' if m.get('higher_is_better') else '<='} "
+              f"{_num(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
+    t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", [])), span(m.get("amp", [])), "")
+    last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
+    t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
+    sp = r.ratios.get("speedup")
+    t.add_row("samples/s (median)", _num(r.throughput.get("fp32"), "{:,.0f}"), _num(r.throughput.get("amp"), "{:,.0f}"),
+              f"speed-up {sp:.2f}x" if sp else "")
+    mem = r.memory
+    saving = r.ratios.get("memory_saving")
+    t.add_row("peak memory", _num(mem.get("fp32") and mem["fp32"] / 2**20, "{:,.0f} MiB"),
+              _num(mem.get("amp") and mem["amp"] / 2**20, "{:,.0f} MiB"),
+              f"saving {saving:.0%}" if saving is not None else f"n/a on {r.device['type'].upper()}")
+    skipped = r.skipped["amp"]
+    t.add_row("skipped steps", "0" if not any(r.skipped["fp32"].values()) else str(sum(r.skipped["fp32"].values())),
+              str(sum(skipped.values())), f"of {r.steps * len(r.seeds)}")
+    if r.audit and r.audit.get("matmul_share") is not None:
+        t.add_row("matmul FLOPs in low precision", "", f"{r.audit['matmul_share']:.0%}",
+                  f"{len(r.audit.get('surprises', []))} audit surprise(s)")
+    out.print(t)
+    for w in r.warnings:
+        out.print(f"[yellow]warning {w.get('code')}[/]: {w.get('message')}" + (f". fix: {w['fix']}" if w.get("fix") else ""))
+    for n in r.notes:
+        out.print(f"note: {n}", highlight=False)
+    if r.passed:
+        out.print(f"[bold green]PASS[/]: {amp} matches FP32 within the seed-to-seed spread")
+    else:
+        out.print(f"[bold red]FAIL[/]: {amp} does not match FP32")
+        for reason in r.reasons:
+            out.print(f"  - {reason}", highlight=False)
+    if r.report:
+        out.print(f"report: {r.report}  (json: {r.report.rsplit('/', 1)[0]}/compare.json)", highlight=False)

@@ -1,0 +1,510 @@
+"""Which ops ran in which dtype: one forward and backward under autocast, every aten op recorded.
+
+This generalises the lesson's ``assert outputs.dtype == low_dtype``: instead of one dtype at the end,
+every op of the pass, with the module that ran it, its input and output dtypes, and FLOPs for the
+matmul-like ops (mm, addmm, bmm, convolution, attention), which is where mixed precision pays.
+
+>>> import torch, ampkit
+>>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Softmax(-1))
+>>> result = ampkit.audit(model, torch.randn(8, 16), precision="bf16")     # doctest: +SKIP
+>>> result.module_category("0"), result.matmul_share                       # doctest: +SKIP
+('low', 1.0)
+
+How it works: a ``TorchDispatchMode`` sees each aten op *after* autocast has cast its inputs, so the
+recorded dtypes are the ones the kernels computed in. Forward pre/post hooks keep a stack of dotted
+module names to attribute ops to modules (hooks are removed afterwards; the model's ``forward`` is
+never replaced). A ``TorchFunctionMode`` notes whether autocast was enabled when each torch function
+was called, because inside the dispatcher autocast always looks disabled; that is how a Linear run
+under ``autocast(enabled=False)`` is told apart from one fed FP64 inputs.
+
+Categories of an op (views, detaches and allocations are not counted):
+
+* ``low``: its floating outputs are FP16/BF16 (it computed in low precision);
+* ``promoted``: it computed in FP32 although an input was low precision or derived from one by an
+  autocast up-cast (e.g. ``log_softmax``/``nll_loss`` of ``cross_entropy``, on autocast's FP32 list);
+* ``fp32``: FP32 in, FP32 out, nothing low precision involved (kept);
+* ``fp64``: computed in FP64 (autocast never casts FP64);
+* ``cast``: a dtype conversion inserted by autocast or the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from ampkit.device import Device, parse_device
+from ampkit.errors import UsageError
+from ampkit.policy import Precision, resolve_precision
+
+__all__ = ["audit", "audit_task", "AuditResult", "OpRecord", "Surprise", "CATEGORIES"]
+
+CATEGORIES = ("low", "promoted", "fp32", "fp64", "cast")
+LOW = (torch.float16, torch.bfloat16)
+OUTSIDE = "(outside the model)"
+BACKWARD = "(backward)"
+_SHORT = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "bfloat16": "BF16"}
+
+# Ops that move or allocate memory without computing: not counted.
+_NO_COMPUTE = {
+    "detach", "alias", "lift_fresh", "lift_fresh_copy", "empty", "empty_like", "empty_strided", "zeros", "ones",
+    "zeros_like", "ones_like", "full", "full_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones",
+    "new_full", "fill_", "zero_", "clone", "_unsafe_view", "contiguous", "scalar_tensor", "arange",
+    "_local_scalar_dense", "set_", "resize_", "copy", "randperm", "_to_copy_noop",
+}
+_CASTS = {"_to_copy", "copy_", "to", "_to_dtype", "to_dtype"}
+# Matmul-like ops whose FLOPs torch's flop counter knows; anything else in the registry counts too.
+_MATMUL_NAMES = {
+    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution", "convolution_backward",
+    "_scaled_mm", "_slow_conv2d_forward", "cudnn_convolution", "convolution_overrideable",
+}
+
+
+def _flop_registry() -> dict[Any, Callable[..., int]]:
+    try:  # semi-private but stable since torch 2.1; without it FLOPs are simply 0
+        from torch.utils.flop_counter import flop_registry
+    except ImportError:  # pragma: no cover
+        return {}
+    return flop_registry
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One aten op as it ran: where (module path), when (forward/backward), in which dtypes."""
+
+    op: str
+    module: str
+    module_type: str
+    phase: str
+    category: str
+    in_dtypes: tuple[str, ...]
+    out_dtypes: tuple[str, ...]
+    flops: int
+    autocast: bool
+    matmul: bool
+
+
+@dataclass(frozen=True)
+class Surprise:
+    """Something that defeats autocast, with where it happened and the fix."""
+
+    kind: str  # "fp32-matmul-in-autocast" | "fp64" | "low-precision-params" | "other-low-dtype"
+    module: str
+    op: str | None
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditResult:
+    """Every recorded op plus the tables ``ampkit audit`` prints.
+
+    ``matmul_share`` is the share of matmul-like FLOPs (forward and backward) that ran in low
+    precision; ``forward_matmul_share`` the same for the forward pass alone. Both are None when the
+    pass ran no matmul-like op.
+    """
+
+    precision: str
+    dtype: str
+    device: str
+    output_dtype: str | None
+    ops: tuple[OpRecord, ...]
+    surprises: tuple[Surprise, ...]
+    matmul_flops: int
+    low_matmul_flops: int
+    forward_matmul_flops: int
+    forward_low_matmul_flops: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def matmul_share(self) -> float | None:
+        return self.low_matmul_flops / self.matmul_flops if self.matmul_flops else None
+
+    @property
+    def forward_matmul_share(self) -> float | None:
+        return self.forward_low_matmul_flops / self.forward_matmul_flops if self.forward_matmul_flops else None
+
+    def by_op(self) -> list[dict[str, Any]]:
+        """One row per (phase, op): how many calls fell in each category, and their FLOPs."""
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in self.ops:
+            row = rows.setdefault((r.phase, r.op), {"op": r.op, "phase": r.phase, "calls": 0, "flops": 0,
+                                                    **{c: 0 for c in CATEGORIES}})
+            row["calls"] += 1
+            row[r.category] += 1
+            row["flops"] += r.flops
+        out = list(rows.values())
+        for row in out:
+            row["verdict"] = _dominant(row)
+        return sorted(out, key=lambda r: (r["phase"] != "forward", -r["flops"], r["op"]))
+
+    def by_module(self) -> list[dict[str, Any]]:
+        """One row per module that ran forward ops itself (innermost module), in order of first use."""
+        rows: dict[str, dict[str, Any]] = {}
+        for r in self.ops:
+            if r.phase != "forward" or r.category == "cast":
+                continue
+            row = rows.setdefault(r.module, {"module": r.module, "type": r.module_type, "ops": Counter(),
+                                             "flops": 0, **{c: 0 for c in CATEGORIES}})
+            row["ops"][f"{r.op}:{r.category}"] += 1
+            row[r.category] += 1
+            row["flops"] += r.flops
+        out = []
+        for row in rows.values():
+            row["ops"] = dict(row["ops"])
+            row["verdict"] = _dominant(row)
+            out.append(row)
+        return out
+
+    def module_category(self, module: str) -> str | None:
+        """``low`` / ``promoted`` / ``fp32`` / ``fp64`` / ``mixed`` for a module path (forward ops only)."""
+        for row in self.by_module():
+            if row["module"] == module:
+                return row["verdict"]
+        return None
+
+    def op_categories(self, op: str, phase: str = "forward") -> set[str]:
+        """The categories in which ``op`` (e.g. ``"addmm"``, ``"_softmax"``) ran."""
+        return {r.category for r in self.ops if r.op == op and r.phase == phase}
+
+    def summary(self) -> dict[str, Any]:
+        """A compact version for ``compare.json`` and the report."""
+        counts = Counter(r.category for r in self.ops if r.phase == "forward")
+        return {
+            "precision": self.precision,
+            "dtype": self.dtype,
+            "output_dtype": self.output_dtype,
+            "matmul_share": self.matmul_share,
+            "forward_matmul_share": self.forward_matmul_share,
+            "matmul_flops": self.matmul_flops,
+            "forward_counts": {c: counts.get(c, 0) for c in CATEGORIES},
+            "by_module": self.by_module(),
+            "by_op": self.by_op(),
+            "surprises": [asdict(s) for s in self.surprises],
+            "notes": list(self.notes),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.summary()
+        out["device"] = self.device
+        out["ops"] = [asdict(r) for r in self.ops]
+        return out
+
+
+def _dominant(row: dict[str, Any]) -> str:
+    present = [c for c in ("low", "promoted", "fp32", "fp64") if row[c]]
+    if not present:
+        return "cast" if row.get("cast") else "-"
+    return present[0] if len(present) == 1 else "mixed"
+
+
+# ---------------------------------------------------------------------------------------- recording
+class _State:
+    def __init__(self, names: dict[int, tuple[str, str]], root_type: str) -> None:
+        self.stack: list[tuple[str, str]] = []
+        self.names = names
+        self.root_type = root_type
+        self.phase = "forward"
+        self.autocast_at_call = False
+        self.recording = True
+        self.root_output: Any = None
+        self.records: list[OpRecord] = []
+        self.from_low = WeakTensorKeyDictionary()  # FP32 tensors that carry low-precision values
+
+
+class _AutocastState(TorchFunctionMode):
+    """Notes whether autocast was on when each torch function was called (the dispatcher can't tell)."""
+
+    def __init__(self, state: _State, device_type: str) -> None:
+        super().__init__()
+        self.state = state
+        self.device_type = device_type
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        prev = self.state.autocast_at_call
+        self.state.autocast_at_call = torch.is_autocast_enabled(self.device_type)
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.state.autocast_at_call = prev
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, state: _State) -> None:
+        super().__init__()
+        self.state = state
+        self.flops = _flop_registry()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.state.recording:
+            try:
+                self._record(func, args, kwargs, out)
+            except Exception:  # noqa: BLE001 - never let bookkeeping break the user's model
+                pass
+        return out
+
+    def _record(self, func, args, kwargs, out) -> None:
+        st = self.state
+        name = func.overloadpacket.__name__
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        carried = any(t.dtype in LOW or t in st.from_low for t in ins if t.is_floating_point())
+        if func.is_view or name in _NO_COMPUTE:
+            if carried:  # a view of a low-precision-derived tensor stays derived
+                for t in outs:
+                    if t.dtype == torch.float32:
+                        st.from_low[t] = True
+            return
+        in_f = [t.dtype for t in ins if t.is_floating_point()]
+        out_f = [t.dtype for t in outs if t.is_floating_point()]
+        if not out_f:
+            return  # integer/bool results (argmax, comparisons): not a precision question
+        if name in _CASTS:
+            if set(in_f) == set(out_f):
+                return
+            category = "cast"
+        elif any(d in LOW for d in out_f):
+            category = "low"
+        elif torch.float64 in out_f:
+            category = "fp64"
+        elif carried:
+            category = "promoted"
+        else:
+            category = "fp32"
+        if carried or category == "cast" and any(d in LOW for d in in_f):
+            for t in outs:
+                if t.dtype == torch.float32:
+                    st.from_low[t] = True
+        flops = 0
+        packet = func.overloadpacket
+        is_mm = name in _MATMUL_NAMES or packet in self.flops
+        if packet in self.flops:
+            with contextlib.suppress(Exception):
+                flops = int(self.flops[packet](*args, **kwargs, out_val=out))
+        if st.phase == "backward":
+            module, mtype = BACKWARD, ""
+        elif st.stack:
+            module, mtype = st.stack[-1]
+        else:
+            module, mtype = OUTSIDE, ""
+        st.records.append(OpRecord(
+            op=name, module=module, module_type=mtype, phase=st.phase, category=category,
+            in_dtypes=tuple(_dtype_name(d) for d in in_f), out_dtypes=tuple(_dtype_name(d) for d in out_f),
+            flops=flops, autocast=bool(st.autocast_at_call and st.phase == "forward"), matmul=is_mm,
+        ))
+
+
+@contextlib.contextmanager
+def _module_hooks(model: nn.Module, state: _State) -> Iterator[None]:
+    handles = []
+    for name, mod in model.named_modules():
+        label = name or f"({type(mod).__name__})"
+        entry = (label, type(mod).__name__)
+
+        def pre(_m, _inp, entry=entry):
+            state.stack.append(entry)
+
+        def post(_m, _inp, out, entry=entry, root=name == ""):
+            if state.stack and state.stack[-1] == entry:
+                state.stack.pop()
+            if root and state.root_output is None and state.phase == "forward":
+                state.root_output = _first_tensor(out)
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# ---------------------------------------------------------------------------------------- analysis
+def _surprises(records: list[OpRecord], model: nn.Module, precision: Precision) -> list[Surprise]:
+    found: list[Surprise] = []
+    low_name = precision.name.upper()
+    for name, mod in model.named_modules():
+        low = [(pn, p.dtype) for pn, p in mod.named_parameters(recurse=False) if p.dtype in LOW]
+        if low:
+            dt = _dtype_name(low[0][1])
+            found.append(Surprise(
+                kind="low-precision-params", module=name or f"({type(mod).__name__})", op=None,
+                message=f"{type(mod).__name__} '{name or type(mod).__name__}' has {len(low)} {dt} parameter(s) "
+                        f"({', '.join(pn for pn, _ in low)}): the model was cast by hand (.half()/.to({dt}))",
+                fix="keep the weights FP32 (remove model.half() / .to(torch.float16)) and let autocast cast; "
+                    "FP32 master weights are what make small updates count",
+            ))
+    if not precision.autocast_enabled:
+        return found
+    seen: set[tuple[str, str]] = set()
+    for r in records:
+        if r.phase != "forward" or r.category == "cast":
+            continue
+        where = f"{r.module_type} '{r.module}'" if r.module_type else r.module
+        if r.matmul and r.category in ("fp32", "fp64", "promoted") and (r.module, "mm") not in seen:
+            seen.add((r.module, "mm"))
+            if "float64" in r.in_dtypes:
+                why, fix = ("its input is FP64, which autocast never casts",
+                            "convert the inputs (and any FP64 tensors built in forward) with .float()")
+            elif not r.autocast:
+                why, fix = ("autocast was disabled around it (torch.autocast(..., enabled=False))",
+                            "remove the disabled region if this layer is safe in low precision; keep it only "
+                            "for a layer that overflows, and then on purpose")
+            else:
+                why, fix = ("its inputs were kept FP32 (e.g. custom_fwd(cast_inputs=torch.float32))",
+                            "let autocast cast this op unless it is kept in FP32 on purpose")
+            found.append(Surprise(kind="fp32-matmul-in-autocast", module=r.module, op=r.op,
+                                  message=f"{where} ran {r.op} in {_SHORT.get(r.out_dtypes[0], r.out_dtypes[0])} under "
+                                          f"{low_name} autocast: {why}", fix=fix))
+        elif r.category == "fp64" and (r.module, "fp64") not in seen:
+            seen.add((r.module, "fp64"))
+            found.append(Surprise(kind="fp64", module=r.module, op=r.op,
+                                  message=f"{where} computes {r.op} in FP64 under autocast (autocast never casts "
+                                          f"FP64): slow, and a sign of an FP64 input or constant",
+                                  fix="create tensors as float32 (torch.tensor(..., dtype=torch.float32)) or .float() them"))
+        elif (r.category == "low" and r.matmul and _dtype_name(precision.dtype) not in r.out_dtypes
+              and (r.module, "dtype") not in seen):
+            seen.add((r.module, "dtype"))
+            found.append(Surprise(kind="other-low-dtype", module=r.module, op=r.op,
+                                  message=f"{where} ran {r.op} in {r.out_dtypes[0]} while autocast's dtype is "
+                                          f"{_dtype_name(precision.dtype)}: a manual cast inside the model",
+                                  fix="remove the manual .half()/.bfloat16() and let autocast choose the dtype"))
+    return found
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    return next((t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)), None)
+
+
+def _device_of(model: nn.Module, device: Device | str | None) -> Device:
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, str):
+        return parse_device(device)
+    for p in model.parameters():
+        return parse_device(str(p.device))
+    return parse_device("cpu")
+
+
+def _to(obj: Any, dev: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dev)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(o, dev) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, dev) for k, v in obj.items()}
+    return obj
+
+
+def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor | None],
+         precision: Precision, *, record_loss: bool = True) -> AuditResult:
+    state = _State({}, type(model).__name__)
+    saved_grads = {id(p): p.grad for p in model.parameters()}
+    notes: list[str] = []
+    output_dtype = None
+    try:
+        with _module_hooks(model, state), _AutocastState(state, precision.device.type), _Recorder(state):
+            with precision.autocast():
+                out = forward()
+                first = state.root_output if state.root_output is not None else _first_tensor(out)
+                output_dtype = _dtype_name(first.dtype) if first is not None else None
+                state.recording = record_loss  # a default loss is ours, not the user's: not recorded
+                loss = loss_of(out)
+                state.recording = True
+            state.phase = "backward"
+            if loss is not None and loss.requires_grad:
+                loss.backward()
+            else:
+                notes.append("no backward pass: the output does not require grad")
+    finally:
+        for p in model.parameters():
+            p.grad = saved_grads.get(id(p))
+    records = state.records
+    mm = [r for r in records if r.matmul and r.category != "cast"]
+    fwd = [r for r in mm if r.phase == "forward"]
+    return AuditResult(
+        precision=precision.name,
+        dtype=_dtype_name(precision.dtype) if precision.autocast_enabled else "float32",
+        device=str(precision.device),
+        output_dtype=output_dtype,
+        ops=tuple(records),
+        surprises=tuple(_surprises(records, model, precision)),
+        matmul_flops=sum(r.flops for r in mm),
+        low_matmul_flops=sum(r.flops for r in mm if r.category == "low"),
+        forward_matmul_flops=sum(r.flops for r in fwd),
+        forward_low_matmul_flops=sum(r.flops for r in fwd if r.category == "low"),
+        notes=tuple(notes),
+    )
+
+
+def _resolve(precision: Precision | str, device: Device) -> Precision:
+    if isinstance(precision, Precision):
+        return precision
+    return resolve_precision(precision, device)
+
+
+def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str = "auto",
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, device: Device | str | None = None) -> AuditResult:
+    """Run ``model`` once forward and backward under autocast and record the dtype of every op.
+
+    Args:
+        model: any ``nn.Module``; it is not modified (hooks are removed, gradients restored).
+        example_inputs: a tensor, a tuple/list of positional inputs, or a dict of keyword inputs;
+            moved to the model's device.
+        precision: ``"auto" | "bf16" | "fp16" | "fp32"`` or a resolved :class:`~ampkit.policy.Precision`.
+        loss_fn: ``loss_fn(output) -> scalar`` run under autocast, as in training. Default: the sum of
+            the output (computed in FP32 and not recorded), only to drive the backward pass.
+        device: where to run (default: where the model's parameters are).
+
+    >>> r = audit(torch.nn.Linear(4, 4), torch.randn(2, 4), precision="bf16")   # doctest: +SKIP
+    >>> r.output_dtype                                                          # doctest: +SKIP
+    'bfloat16'
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"audit() needs an nn.Module, got {type(model).__name__}")
+    dev = _device_of(model, device)
+    prec = _resolve(precision, dev)
+    inputs = _to(example_inputs, dev.torch_device)
+    if isinstance(inputs, dict):
+        forward = lambda: model(**inputs)  # noqa: E731
+    elif isinstance(inputs, (tuple, list)):
+        forward = lambda: model(*inputs)  # noqa: E731
+    else:
+        forward = lambda: model(inputs)  # noqa: E731
+
+    def default_loss(out: Any) -> torch.Tensor | None:
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        return sum(t.float().sum() for t in tensors) if tensors else None
+
+    return _run(model, forward, loss_fn or default_loss, prec, record_loss=loss_fn is not None)
+
+
+def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device | str | None = None) -> AuditResult:
+    """Audit ``task.loss(model, batch)`` on the task's first batch, forward and backward (``ampkit audit --task``)."""
+    from ampkit.device import detect_device
+    from ampkit.train import batch_to
+
+    dev = device if isinstance(device, Device) else detect_device(device)
+    prec = _resolve(precision, dev)
+    model = task.model.to(prec.device.torch_device)
+    batch = batch_to(task.batch(0), prec.device)
+    was_training = model.training
+    model.train()
+    try:
+        return _run(model, lambda: task.loss(model, batch), lambda loss: loss, prec)
+    finally:
+        model.train(was_training)

@@ -1,0 +1,342 @@
+"""The compare report: PNG plots (matplotlib, Agg canvas) and one self-contained HTML page.
+
+The page loads nothing from the network: styles are inline, the plots are embedded as base64 PNG,
+and a few lines of inline script record, once the page has loaded, how many images decoded
+(``<body data-images-loaded="N" data-images-total="M">``) so that a headless browser can check it.
+The PNGs are also written beside the page for slides and issues.
+
+Matplotlib is used through ``Figure`` + ``FigureCanvasAgg`` directly, never ``pyplot``: the report must
+not change the backend of a user's interactive session.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ampkit.verify.compare import CompareResult
+
+__all__ = ["write_report", "render_html", "plot_pngs"]
+
+FP32_COLOR = "#6b7280"
+AMP_COLOR = "#2563eb"
+FAIL_COLOR = "#dc2626"
+PASS_COLOR = "#16a34a"
+SCALE_COLOR = "#d97706"
+
+
+def _figure(width: float = 7.2, height: float = 3.6) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _style(ax: Any) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.grid(True, alpha=0.25, linewidth=0.6)
+    ax.tick_params(labelsize=8)
+
+
+def _loss_plot(r: "CompareResult") -> bytes:
+    b = r.band
+    amp = r.precision.upper()
+    fig = _figure(7.6, 3.9)
+    ax = fig.add_subplot()
+    steps = b["steps"]
+    ok = [i for i, v in enumerate(b["upper"]) if v is not None]
+    xs = [steps[i] for i in ok]
+    # Only an upward exit fails (a lower loss is not harm), so the allowed region drawn is lo..upper.
+    ax.fill_between(xs, [b["lo"][i] for i in ok], [b["upper"][i] for i in ok], color=FP32_COLOR,
+                    alpha=0.13, linewidth=0, label="allowed (up to FP32 max + margin)")
+    ax.fill_between(xs, [b["lo"][i] for i in ok], [b["hi"][i] for i in ok], color=FP32_COLOR, alpha=0.35,
+                    linewidth=0, label=f"FP32 seeds min-max ({len(r.seeds)} seeds)")
+    for k, (seed, pts) in enumerate(r.curves["amp"].items()):
+        px = [p[0] for p in pts if p[1] is not None]
+        py = [p[1] for p in pts if p[1] is not None]
+        ax.plot(px, py, color=AMP_COLOR, linewidth=1.3, alpha=0.85, label=f"{amp} (each seed)" if k == 0 else None)
+        bad = [p[0] for p in pts if p[1] is None]
+        if bad:
+            ymax = max([v for v in b["upper"] if v is not None] or [1.0])
+            ax.scatter(bad, [ymax] * len(bad), marker="x", color=FAIL_COLOR, s=18, zorder=5,
+                       label="non-finite loss" if k == 0 else None)
+    positive = all(v is None or v > 0 for v in b["lo"]) and all(
+        p[1] is None or p[1] > 0 for c in r.curves["amp"].values() for p in c)
+    if positive:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer step", fontsize=9)
+    ax.set_ylabel("training loss" + (" (log scale)" if positive else ""), fontsize=9)
+    ax.set_title(f"Loss: {amp} against the FP32 seed band", fontsize=10, loc="left")
+    _style(ax)
+    ax.legend(fontsize=8, frameon=False)
+    return _png(fig)
+
+
+def _metric_plot(r: "CompareResult") -> bytes | None:
+    m = r.final_metric
+    if not m.get("fp32") or not m.get("amp"):
+        return None
+    fig = _figure(4.2, 3.3)
+    ax = fig.add_subplot()
+    labels = ["FP32", r.precision.upper()]
+    for x, (side, color) in enumerate((("fp32", FP32_COLOR), ("amp", AMP_COLOR))):
+        vals = [v for v in m[side] if v is not None and math.isfinite(v)]
+        ax.scatter([x] * len(vals), vals, color=color, s=36, zorder=3, alpha=0.9)
+        if vals:
+            mean = sum(vals) / len(vals)
+            ax.hlines(mean, x - 0.22, x + 0.22, color=color, linewidth=2)
+    allowed = m.get("allowed")
+    if allowed:
+        ax.axhspan(allowed[0], allowed[1], color=FP32_COLOR, alpha=0.12, label="allowed range")
+        ax.legend(fontsize=8, frameon=False, loc="lower center")
+    ax.set_xticks([0, 1], labels)
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_title(f"Final {m['name']} per seed", fontsize=10, loc="left")
+    _style(ax)
+    return _png(fig)
+
+
+def _perf_plot(r: "CompareResult") -> bytes:
+    fig = _figure(7.6, 2.6)
+    ax1, ax2 = fig.subplots(1, 2)
+    labels = ["FP32", r.precision.upper()]
+    colors = [FP32_COLOR, AMP_COLOR]
+    sps = [r.throughput.get("fp32") or 0.0, r.throughput.get("amp") or 0.0]
+    bars = ax1.bar(labels, sps, color=colors, width=0.55)
+    ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
+    sp = r.ratios.get("speedup")
+    ax1.set_title("Throughput, samples/s" + (f" (speed-up {sp:.2f}x)" if sp else ""), fontsize=10, loc="left")
+    ax1.margins(y=0.18)
+    _style(ax1)
+    mem = [r.memory.get("fp32"), r.memory.get("amp")]
+    if all(v is not None for v in mem):
+        mib = [v / 2**20 for v in mem]
+        bars = ax2.bar(labels, mib, color=colors, width=0.55)
+        ax2.bar_label(bars, labels=[f"{v:,.0f}" for v in mib], fontsize=8, padding=2)
+        saving = r.ratios.get("memory_saving")
+        ax2.set_title("Peak memory, MiB" + (f" ({saving:.0%} saved)" if saving is not None else ""),
+                      fontsize=10, loc="left")
+        ax2.margins(y=0.18)
+        _style(ax2)
+    else:
+        ax2.set_axis_off()
+        ax2.set_title("Peak memory", fontsize=10, loc="left")
+        ax2.text(0.5, 0.5, f"n/a on {r.device.get('type', 'this device').upper()}\n"
+                           "(torch does not track these allocations)",
+                 ha="center", va="center", fontsize=9, color=FP32_COLOR, transform=ax2.transAxes)
+    return _png(fig)
+
+
+def _scale_plot(r: "CompareResult") -> bytes | None:
+    if not r.scale_trace:
+        return None
+    fig = _figure(7.6, 2.9)
+    ax = fig.add_subplot()
+    for k, (seed, pts) in enumerate(r.scale_trace.items()):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=SCALE_COLOR, linewidth=1.3, alpha=0.85,
+                drawstyle="steps-post", label="loss scale (each seed)" if k == 0 else None)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimizer step", fontsize=9)
+    ax.set_title("FP16 loss scale over time (falls on overflow, grows while stable)", fontsize=10, loc="left")
+    _style(ax)
+    ax.legend(fontsize=8, frameon=False)
+    return _png(fig)
+
+
+def plot_pngs(r: "CompareResult") -> dict[str, bytes]:
+    """``{file name: PNG bytes}`` for the figures this result has (scale only for FP16)."""
+    out = {"loss.png": _loss_plot(r)}
+    scale = _scale_plot(r)
+    if scale:
+        out["scale.png"] = scale
+    metric = _metric_plot(r)
+    if metric:
+        out["metric.png"] = metric
+    out["throughput.png"] = _perf_plot(r)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- HTML
+_CSS = """
+*{box-sizing:border-box}body{margin:0;font:15px/1.5 -apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;
+color:#111827;background:#f3f4f6}main{max-width:1080px;margin:0 auto;padding:24px}
+.verdict{border-radius:14px;padding:22px 28px;color:#fff;margin-bottom:18px}
+.verdict.pass{background:#16a34a}.verdict.fail{background:#dc2626}
+.verdict h1{margin:0;font-size:44px;letter-spacing:.02em}.verdict p{margin:4px 0 0;font-size:16px;opacity:.95}
+.verdict ul{margin:10px 0 0;padding-left:22px;font-size:15px}
+.cards{display:grid;grid-template-columns:repeat(4,1fr);gap:12px;margin-bottom:18px}
+.card{background:#fff;border-radius:10px;padding:12px 16px;box-shadow:0 1px 2px rgba(0,0,0,.06)}
+.card .k{font-size:12px;color:#6b7280;text-transform:uppercase;letter-spacing:.04em}
+.card .v{font-size:24px;font-weight:600}.card .s{font-size:12px;color:#6b7280}
+section{background:#fff;border-radius:10px;padding:16px 20px;margin-bottom:18px;box-shadow:0 1px 2px rgba(0,0,0,.06)}
+section h2{margin:0 0 10px;font-size:18px}img{max-width:100%;height:auto;display:block}
+.row{display:flex;gap:12px;align-items:flex-start}.row>img:first-child{flex:1 1 auto;min-width:0}.row>img.narrow{flex:0 0 330px;width:330px}
+table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e5e7eb}
+th{color:#6b7280;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.tag{display:inline-block;padding:1px 8px;border-radius:9px;font-size:12px;font-weight:600}
+.tag.low{background:#dbeafe;color:#1e40af}.tag.fp32{background:#e5e7eb;color:#374151}
+.tag.promoted{background:#fef3c7;color:#92400e}.tag.fp64{background:#fee2e2;color:#991b1b}.tag.mixed{background:#f3e8ff;color:#6b21a8}
+.tag.cast{background:#ede9fe;color:#5b21b6}
+.warn{border-left:4px solid #d97706;padding:6px 12px;background:#fffbeb;margin:6px 0}
+.note{color:#4b5563;font-size:13px;margin:4px 0}code{font-size:13px;background:#f3f4f6;padding:1px 4px;border-radius:4px}
+footer{color:#6b7280;font-size:12px;text-align:center;margin-top:8px}
+"""
+
+_SCRIPT = """
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  document.body.setAttribute('data-images-total', String(imgs.length));
+  document.body.setAttribute('data-images-loaded', String(ok.length));
+  imgs.forEach(function (i) { i.setAttribute('data-loaded', (i.complete && i.naturalWidth > 0) ? '1' : '0'); });
+  document.body.setAttribute('data-height', String(Math.ceil(document.querySelector('main').getBoundingClientRect().bottom + window.scrollY)));
+  document.body.setAttribute('data-report-ready', '1');
+});
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _img(name: str, png: bytes, alt: str, cls: str = "") -> str:
+    data = base64.b64encode(png).decode("ascii")
+    klass = f' class="{cls}"' if cls else ""
+    return f'<img{klass} id="img-{_e(name.split(".")[0])}" alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _fmt_metric(v: Any, rate: bool = False) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return f"{v:.2%}" if rate else f"{v:.4g}"
+
+
+def _cards(r: "CompareResult") -> str:
+    m = r.final_metric
+    amp = r.precision.upper()
+    sp = r.ratios.get("speedup")
+    ms = r.ratios.get("memory_saving")
+    skipped = r.skipped.get("amp", {})
+    total_skipped = sum(skipped.values())
+    total_steps = r.steps * len(r.seeds)
+    rate = "percentage point" in str(m.get("margin_text", ""))
+    cards = [
+        (f"final {m.get('name', 'metric')}", f"{_fmt_metric(m.get('amp_mean'), rate)}",
+         f"{amp}; FP32 {_fmt_metric(m.get('fp32_mean'), rate)}"),
+        ("speed-up", f"{sp:.2f}x" if sp else "n/a",
+         f"{amp} vs FP32 samples/s" + (" (slower)" if sp is not None and sp < 1 else "")),
+        ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
+         "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
+        ("skipped steps", f"{total_skipped}", f"of {total_steps} {amp} steps"),
+    ]
+    return "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
+                   f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
+
+
+def _audit_section(audit: dict[str, Any] | None) -> str:
+    if not audit:
+        return ""
+    share = audit.get("matmul_share")
+    share_txt = f"{share:.0%}" if share is not None else "n/a (no matmul-like ops)"
+    rows = []
+    for m in audit.get("by_module", []):
+        ops = ", ".join(f"{k.split(':')[0]}" + ("" if k.split(":")[1] == m["verdict"] else f" ({k.split(':')[1]})")
+                        for k in m["ops"])
+        rows.append(f'<tr><td><code>{_e(m["module"])}</code></td><td>{_e(m["type"])}</td>'
+                    f'<td><span class="tag {_e(m["verdict"])}">{_e(m["verdict"])}</span></td>'
+                    f'<td>{_e(ops)}</td><td class="num">{m["flops"]:,}</td></tr>')
+    op_rows = []
+    for o in audit.get("by_op", []):
+        op_rows.append(f'<tr><td><code>{_e(o["op"])}</code></td><td>{_e(o["phase"])}</td><td class="num">{o["calls"]}</td>'
+                       f'<td><span class="tag {_e(o["verdict"])}">{_e(o["verdict"])}</span></td>'
+                       f'<td class="num">{o["flops"]:,}</td></tr>')
+    surprises = "".join(f'<div class="warn"><b>{_e(s["kind"])}</b>: {_e(s["message"])}<br>'
+                        f'<span class="note">fix: {_e(s["fix"])}</span></div>' for s in audit.get("surprises", []))
+    return (f'<section id="audit"><h2>Audit: which ops ran in which dtype</h2>'
+            f'<p>One forward and backward of the first batch under {_e(str(audit.get("dtype")))} autocast. '
+            f'Model output dtype: <code>{_e(audit.get("output_dtype"))}</code>. '
+            f'Share of matmul FLOPs in low precision: <b>{_e(share_txt)}</b>.</p>'
+            f'{surprises or "<p class=note>No surprises: no matmul kept in FP32, no FP64, no hand-cast weights.</p>"}'
+            f'<table><tr><th>module</th><th>type</th><th>ran in</th><th>ops (forward)</th><th>FLOPs</th></tr>'
+            f'{"".join(rows)}</table>'
+            f'<details style="margin-top:10px"><summary>per op type (forward and backward)</summary>'
+            f'<table><tr><th>op</th><th>phase</th><th>calls</th><th>ran in</th><th>FLOPs</th></tr>{"".join(op_rows)}'
+            f'</table></details>'
+            f'<p class="note"><span class="tag low">low</span> computed in FP16/BF16 · '
+            f'<span class="tag promoted">promoted</span> computed in FP32 from low-precision inputs (autocast\'s FP32 '
+            f'list, or type promotion) · <span class="tag fp32">fp32</span> kept in FP32 · '
+            f'<span class="tag fp64">fp64</span> FP64</p></section>')
+
+
+def render_html(r: "CompareResult", pngs: dict[str, bytes]) -> str:
+    """The whole page as a string (images embedded)."""
+    amp = r.precision.upper()
+    verdict = r.verdict.upper()
+    sub = (f"{_e(r.task)} · {amp} vs FP32 · {len(r.seeds)} seed{'s' if len(r.seeds) != 1 else ''} × {r.steps} steps"
+           f" · {_e(r.device.get('name'))} ({_e(r.device.get('str'))})")
+    if r.reasons:
+        body = "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in r.reasons) + "</ul>"
+    else:
+        body = (f"<p>{amp} stayed inside the FP32 seed band for the whole run, its final "
+                f"{_e(r.final_metric.get('name'))} is within the FP32 spread, no scale collapse, "
+                f"skipped steps within {r.margins['max_skip_share']:.0%}.</p>")
+    warns = "".join(f'<div class="warn"><b>{_e(w.get("code"))}</b>: {_e(w.get("message"))}'
+                    + (f' (seeds {_e(", ".join(map(str, w["seeds"])))})' if len(w.get("seeds") or []) > 1 else "")
+                    + (f'<br><span class="note">fix: {_e(w.get("fix"))}</span>' if w.get("fix") else "")
+                    + "</div>" for w in r.warnings)
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in r.notes)
+    figs = []
+    if "loss.png" in pngs:
+        metric = _img("metric.png", pngs["metric.png"], "final metric per seed", "narrow") if "metric.png" in pngs else ""
+        figs.append(f'<section id="curves"><h2>Loss curves and final {_e(r.final_metric.get("name"))}</h2>'
+                    f'<div class="row">{_img("loss.png", pngs["loss.png"], "loss curves")}{metric}</div>'
+                    f'<p class="note">Band: FP32 min-max per logged step, widened by max({r.margins["band_sigmas"]:g} σ, '
+                    f'{r.margins["band_rel"]:.0%} of the mean); σ from the range of the FP32 seeds. {amp} fails when it '
+                    f'leaves the band upwards for good (≥ {r.margins["min_out_points"]} points to the end) or turns '
+                    f'non-finite.</p></section>')
+    if "scale.png" in pngs:
+        figs.append(f'<section id="scale"><h2>FP16 loss scale</h2>{_img("scale.png", pngs["scale.png"], "loss scale")}'
+                    f'</section>')
+    figs.append(f'<section id="perf"><h2>Throughput and memory</h2>'
+                f'{_img("throughput.png", pngs["throughput.png"], "throughput and memory")}'
+                f'<p class="note">Measured in this process on this device; never part of the verdict.</p></section>')
+    versions = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ampkit compare: {verdict} ({_e(r.task)}, {amp})</title><style>{_CSS}</style></head>
+<body data-verdict="{_e(r.verdict)}"><main>
+<div class="verdict {_e(r.verdict)}" id="verdict"><h1>{verdict}</h1><p>{sub}</p>{body}</div>
+<div class="cards">{_cards(r)}</div>
+{f'<section id="warnings"><h2>Warnings and notes</h2>{warns}{notes}</section>' if warns or notes else ''}
+{''.join(figs)}
+{_audit_section(r.audit)}
+<footer>ampkit compare · {_e(r.precision_reason)}<br>{_e(versions)} · {r.wall_s:.0f} s</footer>
+</main><script>{_SCRIPT}</script></body></html>
+"""
+
+
+def write_report(r: "CompareResult", folder: Path) -> tuple[Path, list[Path]]:
+    """Write the PNGs and ``report.html`` into ``folder``; return ``(html path, png paths)``."""
+    pngs = plot_pngs(r)
+    paths = []
+    for name, data in pngs.items():
+        path = folder / name
+        path.write_bytes(data)
+        paths.append(path)
+    page = folder / "report.html"
+    page.write_text(render_html(r, pngs), encoding="utf-8")
+    return page, paths

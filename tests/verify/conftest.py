@@ -1,0 +1,40 @@
+"""Shared, expensive results for tests/verify: each real comparison runs once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+TOY = str(HERE.parent / "toy_task.py") + ":make_task"
+HARMFUL = str(HERE / "harmful_task.py") + ":make_task"
+
+
+@pytest.fixture(scope="session")
+def toy_compare(tmp_path_factory):
+    """The toy task in BF16, 2 seeds x 40 steps, with its report written."""
+    from ampkit.verify.compare import compare
+
+    out = tmp_path_factory.mktemp("toy_compare")
+    return compare(TOY, precision="bf16", seeds=2, steps=40, out=out)
+
+
+@pytest.fixture(scope="session")
+def harmful_compare(tmp_path_factory):
+    """The planted FP16-overflow task in FP16: must fail (and has a scale trace to plot)."""
+    from ampkit.verify.compare import compare
+
+    out = tmp_path_factory.mktemp("harmful_compare")
+    return compare(HARMFUL, precision="fp16", seeds=2, steps=30, out=out)
+
+
+@pytest.fixture(scope="session")
+def digits_compare(tmp_path_factory):
+    """The built-in digits task in BF16 on the CPU: the README quick start, slightly shortened."""
+    from ampkit.verify.compare import compare
+
+    os.environ.pop("AMPKIT_DEVICE", None)
+    out = tmp_path_factory.mktemp("digits_compare")
+    return compare("digits", precision="bf16", seeds=2, steps=200, device="cpu", out=out)
