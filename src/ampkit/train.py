@@ -6,11 +6,15 @@
 0.97
 
 Nothing here prints: progress goes to the ``progress`` callback (the CLI draws a bar with it).
+
+Under torchrun (``ampkit train --nproc N``, or ``torchrun -m ampkit train``) the same loop runs on every
+rank with ``strategy="ddp" | "fsdp"``: see :mod:`ampkit.distributed`. Only rank 0 reports and writes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import signal
@@ -22,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ampkit import distributed as dist_mod
 from ampkit.checkpoint import CheckpointManager, restore
 from ampkit.device import Device, detect_device
 from ampkit.engine import MixedPrecision
@@ -58,6 +63,9 @@ class TrainConfig:
     tensorboard: bool = False
     evaluate: bool = True
     max_consecutive_skips: int | None = 50
+    # "ddp" | "fsdp" under torchrun (see ampkit.distributed); None: DDP when torchrun starts more than
+    # one process. Without torchrun a strategy runs one process (fsdp: in the sharded checkpoint format).
+    strategy: str | None = None
 
     def validate(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -71,6 +79,8 @@ class TrainConfig:
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
         if (self.resume or self.ckpt_every) and not self.out:
             raise UsageError("--resume and --ckpt-every need --out DIR (where checkpoints live)")
+        if self.strategy is not None and self.strategy not in dist_mod.STRATEGIES:
+            raise UsageError(f"--strategy must be one of {', '.join(dist_mod.STRATEGIES)}, got {self.strategy!r}")
 
 
 @dataclass
@@ -176,21 +186,76 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
           progress: Progress | None = None) -> TrainResult:
     """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`."""
     config.validate()
-    out = _check_out(config.out)
     device = precision.device if precision is not None else detect_device(config.device)
+    # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).
+    ctx = dist_mod.init_from_env(device) if dist_mod.launched() else None
+    try:
+        return _train(config, ctx, device, task=task, precision=precision, progress=progress)
+    finally:
+        if ctx is not None:
+            ctx.close()
+
+
+def _train(config: TrainConfig, ctx: dist_mod.DistContext | None, device: Device, *, task: Task | None,
+           precision: Precision | None, progress: Progress | None) -> TrainResult:
+    main = ctx is None or ctx.is_main
+    if ctx is not None:
+        device = ctx.device
+        if precision is not None and precision.device != device:
+            precision = dataclasses.replace(precision, device=device)
+    out = _check_out(config.out) if main else (Path(config.out) if config.out else None)
+    if ctx is not None:
+        ctx.barrier()  # rank 0 made --out
     precision = precision or resolve_precision(config.precision, device, tf32=config.tf32)
     device.manual_seed(config.seed)
     task = task or load_task(config.task, seed=config.seed, options=config.task_options)
     total = config.steps or task.default_steps
+    notes: list[str] = []
+    strategy = config.strategy
+    if ctx is not None and strategy is None and ctx.world_size > 1:
+        strategy = "ddp"
+        notes.append(f"{ctx.world_size} processes and no --strategy: using ddp")
+    if ctx is None and strategy is not None:
+        notes.append(f"--strategy {strategy} without torchrun: one process"
+                     + (", checkpoints in the sharded (dcp) format" if strategy == "fsdp" else ""))
+    batch_fn = task.batch
+    if ctx is not None and ctx.world_size > 1:
+        rank, world = ctx.rank, ctx.world_size
+
+        def batch_fn(i: int) -> tuple[torch.Tensor, ...]:  # this rank's rows of the global batch
+            return dist_mod.shard_batch(task.batch(i), rank, world)
+
     model = task.model.to(device.torch_device)
+    if ctx is not None and strategy is not None:
+        model = dist_mod.wrap_model(model, strategy, precision, device, shard_fn=task.extra.get("shard"))
+    raw_model = dist_mod.unwrap(model)
     optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused)
     amp = MixedPrecision(precision, max_grad_norm=config.max_grad_norm,
                          accumulation_steps=config.accumulation_steps,
-                         max_consecutive_skips=config.max_consecutive_skips)
-    ckpts = CheckpointManager(out / "checkpoints", keep=config.keep) if out is not None else None
-    notes: list[str] = []
+                         max_consecutive_skips=config.max_consecutive_skips,
+                         agree=ctx.agree if ctx is not None else None)
+    distributed = ctx is not None or strategy is not None
+    ckpts: Any = None
+    if out is not None:
+        if distributed:
+            ckpts = dist_mod.RunCheckpoints(out / "checkpoints", keep=config.keep, ctx=ctx, sharded=strategy == "fsdp")
+        else:
+            ckpts = CheckpointManager(out / "checkpoints", keep=config.keep)
+    hooks = dist_mod.TestHooks.from_env(ctx.rank if ctx else 0, ctx.world_size if ctx else 1, out)
     start, resumed_from = 0, None
-    if config.resume and ckpts is not None:
+    resume = config.resume
+    if ctx is not None and ctx.restart_count > 0 and ckpts is not None and not resume:
+        resume = True  # torchrun restarted the job (--max-restarts): continue from the last checkpoint
+        notes.append(f"torchrun restart {ctx.restart_count}: resuming from the last checkpoint")
+    if resume and ckpts is not None and distributed:
+        start, path, more = ckpts.restore_latest(model=model, optimizer=optimizer, amp=amp, device=device)
+        notes += more
+        if path is None:
+            notes.append(f"no checkpoint in {ckpts.folder}: starting from scratch")
+        else:
+            resumed_from = str(path)
+            notes.append(f"resumed from {path} at step {start}")
+    elif resume and ckpts is not None:
         found = ckpts.latest(map_location=device.torch_device)
         for path, why in found.skipped:
             notes.append(f"skipped unreadable checkpoint: {why}")
@@ -200,12 +265,16 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
             notes += restore(found.state, model=model, optimizer=optimizer, amp=amp, device=device)
             start, resumed_from = int(found.state["step"]), str(found.path)
             notes.append(f"resumed from {found.path} at step {start}")
-    emit = progress or (lambda record: None)
+    emit = (progress if main else None) or (lambda record: None)
     monitor = ScaleMonitor(floor=amp.min_scale) if precision.use_scaler else None
     history: list[dict[str, Any]] = []
     warnings: list[dict[str, Any]] = []
-    writer = _metrics_writer(out, resume=config.resume and start > 0)
-    tb = _tensorboard(out, config.tensorboard)
+    if main and out is not None and start > 0:
+        # A run killed after its last checkpoint logged steps that it will now train again.
+        dist_mod.truncate_metrics(out / "metrics.jsonl", start)
+    writer = _metrics_writer(out, resume=resume and start > 0) if main else None
+    tb = _tensorboard(out, config.tensorboard) if main else None
+    reduce = ctx.reduce_sum if ctx is not None and ctx.world_size > 1 else None
     stop = _StopFlag()
     # [sum of finite losses, number of finite losses] since the last log, kept on the device.
     loss_sum = torch.zeros(2, dtype=torch.float32, device=device.torch_device)
@@ -218,11 +287,15 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     step = start
     sps_all: list[float] = []
     model.train()
+    # Distributed: no graceful-stop handler. Ranks would stop at different steps and wait on each other
+    # in the final checkpoint's collectives; a signal ends the process and the job resumes from the last
+    # --ckpt-every checkpoint (torchrun --max-restarts, or --resume).
+    installed = stop.installed() if ctx is None else contextlib.nullcontext(stop)
     try:
-        with stop.installed():
+        with installed:
             while step < total:
                 for micro in range(config.accumulation_steps):
-                    batch = batch_to(task.batch(step * config.accumulation_steps + micro), device)
+                    batch = batch_to(batch_fn(step * config.accumulation_steps + micro), device)
                     with amp.no_sync(model), amp.autocast():
                         loss = task.loss(model, batch)
                     with amp.no_sync(model):
@@ -232,10 +305,17 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
                     loss_sum[0] += torch.where(finite, lv, torch.zeros_like(lv))
                     loss_sum[1] += finite.float()
                     window_count += 1
+                    if micro < config.accumulation_steps - 1:
+                        amp.step(optimizer)  # an accumulation micro-step: counts it, updates nothing
+                if hooks is not None:
+                    hooks.before_step(step + 1, model)
                 amp.step(optimizer)
                 step += 1
+                if hooks is not None:
+                    hooks.after_step(step)
                 if step % config.log_every == 0 or step == total or stop.signal:
-                    record = _log_record(amp, loss_sum, window_count, step, samples_per_step, t_window, device)
+                    record = _log_record(amp, loss_sum, window_count, step, samples_per_step, t_window, device,
+                                         reduce=reduce)
                     loss_sum.zero_()
                     window_count = 0
                     t_window = time.perf_counter()
@@ -271,9 +351,12 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
         if tb is not None:
             tb.close()
     wall = time.perf_counter() - t_run
+    if hooks is not None:
+        hooks.finish(model, optimizer, amp)
     metrics: dict[str, float] = {}
     if config.evaluate and task.evaluate is not None and not stop.signal:
-        metrics = evaluate(task, model, amp, device)
+        # Every rank evaluates (FSDP2's forward gathers shards collectively); DDP's own module needs no sync.
+        metrics = evaluate(task, raw_model if strategy == "ddp" else model, amp, device)
     final_stats = amp.stats() if amp.steps else {"skipped": 0}
     return TrainResult(
         task=task.name,
@@ -311,21 +394,34 @@ def evaluate(task: Task, model: torch.nn.Module, amp: MixedPrecision, device: De
 
 
 def _log_record(amp: MixedPrecision, loss_sum: torch.Tensor, count: int, step: int, samples_per_step: int,
-                t_window: float, device: Device) -> dict[str, Any]:
+                t_window: float, device: Device,
+                reduce: Callable[[list[float]], list[float]] | None = None) -> dict[str, Any]:
     stats = amp.stats()  # the host reads of this log step
     total, n_finite = loss_sum.tolist()
+    steps_in_window = max(count // max(amp.accumulation_steps, 1), 1)
+    skipped, extra = stats["skipped"], {}
+    if reduce is not None:
+        # One all_reduce per log step: the loss is the mean over every rank's share of the global batch
+        # (equal shares: the single-process loss); skip counts agree, and the sum checks that they do.
+        total, n_finite, count_all, skipped_sum, world_f = reduce([total, n_finite, float(count),
+                                                                   float(stats["skipped"]), 1.0])
+        world = round(world_f)
+        count = round(count_all)
+        extra = {"ranks": world}
+        if round(skipped_sum) != stats["skipped"] * world:
+            extra["skip_disagreement"] = True
     loss = total / n_finite if n_finite else float("nan")
     dt = time.perf_counter() - t_window
-    steps_in_window = max(count // max(amp.accumulation_steps, 1), 1)
     return {
         "step": step,
         "loss": loss if math.isfinite(loss) else None,
         "nonfinite_losses": count - int(n_finite),
         "scale": stats["scale"],
-        "skipped": stats["skipped"],
+        "skipped": skipped,
         "consecutive_skips": stats["consecutive_skips"],
         "grad_norm": stats["grad_norm"] if stats["grad_norm"] is not None and math.isfinite(stats["grad_norm"]) else None,
         "samples_per_s": (samples_per_step * steps_in_window / dt) if dt > 0 else None,
         "peak_mem_bytes": device.max_memory_allocated(),
         "time": time.time(),
+        **extra,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ampkit.cli.common import add_device_arg, add_precision_arg, console, err_console
@@ -13,6 +14,8 @@ EXAMPLES = """examples:
   ampkit train --task digits --out runs/d --resume --steps 600   # continue the run to step 600
   ampkit train --task charlm --task-arg d_model=256 --task-arg n_layers=4
   ampkit train --task mytask.py:make_task --precision bf16 # your own model, data and loss
+  ampkit train --task charlm --nproc 2 --strategy fsdp --precision bf16 --out runs/c --ckpt-every 50
+  torchrun --nproc-per-node 8 -m ampkit train --task charlm --strategy ddp   # torchrun yourself (multi-node too)
 """
 
 
@@ -39,7 +42,15 @@ def register(sub, formatter_class):
     p.add_argument("--no-fused", action="store_true", help="use the foreach AdamW instead of the fused one")
     p.add_argument("--tensorboard", action="store_true", help="also log to DIR/tensorboard (needs tensorboard)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
-    p.set_defaults(func=run)
+    dist = p.add_argument_group("more than one device (torchrun)")
+    dist.add_argument("--strategy", choices=("ddp", "fsdp"), default=None,
+                      help="ddp: replicate the model; fsdp: shard it (FSDP2). Default under torchrun: ddp")
+    dist.add_argument("--nproc", type=int, default=None, metavar="N",
+                      help="start N processes on this node (execs torchrun --standalone --nproc-per-node N)")
+    dist.add_argument("--max-restarts", type=int, default=None, metavar="R",
+                      help="with --nproc: restart the job up to R times after a failure, resuming from the last "
+                           "checkpoint (not given: no restarts)")
+    p.set_defaults(func=run, _parser=p)
     return p
 
 
@@ -50,24 +61,67 @@ def add_task_args(p) -> None:
                    help="option for the task factory, repeatable (e.g. n_layers=4)")
 
 
+_LAUNCH_ONLY = {"nproc", "max_restarts"}
+
+
+def _train_argv(parser, args) -> list[str]:
+    """The command line that reproduces ``args``, less the launch-only options (for torchrun to start)."""
+    argv: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in _LAUNCH_ONLY or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if action.nargs == 0:  # store_true
+            if value:
+                argv.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                argv += [flag, str(item)]
+        elif value is not None and value != action.default:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _launch(args) -> int:
+    """``--nproc N``: replace this process with torchrun starting N copies of the same command."""
+    from ampkit.distributed import launched, torchrun_argv
+    from ampkit.errors import UsageError
+
+    if launched():
+        raise UsageError("--nproc starts torchrun, and this process already runs under torchrun: drop --nproc")
+    cmd = torchrun_argv(args.nproc, _train_argv(args._parser, args), max_restarts=args.max_restarts or 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached
+
+
 def run(args) -> int:
+    from ampkit.errors import UsageError
     from ampkit.tasks import parse_task_args
     from ampkit.train import TrainConfig, train
 
+    if args.max_restarts is not None and args.nproc is None:
+        raise UsageError("--max-restarts goes with --nproc N (under your own torchrun, pass --max-restarts to "
+                         "torchrun)")
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 prints
     config = TrainConfig(
         task=args.task, task_options=parse_task_args(args.task_arg), precision=args.precision, steps=args.steps,
         seed=args.seed, out=args.out, ckpt_every=args.ckpt_every, keep=args.keep, log_every=args.log_every,
         resume=args.resume, max_grad_norm=args.max_grad_norm or None, accumulation_steps=args.accumulation_steps,
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
-        tensorboard=args.tensorboard,
+        tensorboard=args.tensorboard, strategy=args.strategy,
     )
     config.validate()
-    with _Bar(enabled=not args.json and sys.stderr.isatty()) as bar:
-        result = train(config, progress=bar)
-    if args.json:
+    if args.nproc is not None:
+        return _launch(args)
+    with _Bar(enabled=main_rank and not args.json and sys.stderr.isatty()) as bar:
+        result = train(config, progress=bar if main_rank else None)
+    if main_rank and args.json:
         json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
-    else:
+    elif main_rank:
         _summary(result)
     if result.interrupted_by:
         return 130 if result.interrupted_by == "SIGINT" else 143
