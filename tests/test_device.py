@@ -97,7 +97,8 @@ def test_only_device_module_names_vendors():
     offenders = []
     for path in root.rglob("*.py"):
         rel = path.relative_to(root)
-        if path.name in allowed or rel.parts[0] == "migrate" or "diagnose" in rel.parts:
+        # migrate rewrites vendor APIs by name; diagnose quotes the card table's vendor names.
+        if path.name in allowed or "migrate" in rel.parts or rel.name == "migrate.py" or "diagnose" in rel.parts:
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]

@@ -20,7 +20,7 @@ from ampkit.cli.train import _train_argv  # noqa: E402
 from ampkit.device import Device  # noqa: E402
 from ampkit.errors import DeviceError, UsageError  # noqa: E402
 from ampkit.policy import resolve_precision  # noqa: E402
-from ampkit.train import TrainConfig, train  # noqa: E402
+from ampkit.trainer import TrainConfig, train  # noqa: E402
 
 
 def test_backend_comes_from_the_device_layer():

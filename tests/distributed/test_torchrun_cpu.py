@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, dumps, metrics,  # noqa: E402
                    torchrun)
 
-from ampkit.train import TrainConfig, train  # noqa: E402
+from ampkit.trainer import TrainConfig, train  # noqa: E402
 
 STEPS, INF_AT, MORE = 6, 3, 9  # 2-rank runs train 6 steps; resumed runs continue to 9
 

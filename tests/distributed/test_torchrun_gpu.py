@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, dumps, metrics,  # noqa: E402
                    torchrun)
 
-from ampkit.train import TrainConfig, train  # noqa: E402
+from ampkit.trainer import TrainConfig, train  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 

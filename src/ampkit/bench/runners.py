@@ -183,7 +183,7 @@ def _accelerate(ctx: Ctx) -> Built:
         from accelerate.state import AcceleratorState, GradientState
     except ImportError:
         raise Unavailable("accelerate is not installed") from None
-    if ctx.device.type not in ("cuda", "cpu"):
+    if ctx.device.is_accelerator and not ctx.device.is_cuda:  # the peers' own device support is what limits this
         raise Unavailable(f"not run on {ctx.device.type} here")
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[ctx.precision.name]
     with _quiet():
@@ -226,12 +226,12 @@ def _fabric(ctx: Ctx) -> Built:
             from lightning_fabric import Fabric
         except ImportError:
             raise Unavailable("lightning is not installed") from None
-    if ctx.device.type not in ("cuda", "cpu"):
+    if ctx.device.is_accelerator and not ctx.device.is_cuda:  # the peers' own device support is what limits this
         raise Unavailable(f"not run on {ctx.device.type} here")
     precision = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}[ctx.precision.name]
     with _quiet():
         try:
-            fabric = Fabric(accelerator="cuda" if ctx.device.is_cuda else "cpu", devices=1, precision=precision)
+            fabric = Fabric(accelerator=ctx.device.type, devices=1, precision=precision)
             opt = _adamw(ctx, **_fused(ctx))
             model, opt = fabric.setup(ctx.model, opt)
         except Exception as exc:  # noqa: BLE001

@@ -496,7 +496,7 @@ def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str =
 def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device | str | None = None) -> AuditResult:
     """Audit ``task.loss(model, batch)`` on the task's first batch, forward and backward (``ampkit audit --task``)."""
     from ampkit.device import detect_device
-    from ampkit.train import batch_to
+    from ampkit.trainer import batch_to
 
     dev = device if isinstance(device, Device) else detect_device(device)
     prec = _resolve(precision, dev)

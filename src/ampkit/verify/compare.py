@@ -9,7 +9,7 @@
 
 What is run: for each seed, the task is built once, its initial weights are copied, and it is trained
 in FP32 and then, from those same weights and the same ``batch(step)`` stream, in the AMP precision.
-Both runs use the trainer (:func:`ampkit.train.train`) with evaluation on.
+Both runs use the trainer (:func:`ampkit.trainer.train`) with evaluation on.
 
 How the verdict is reached (the margins are module constants, documented in docs/compare.md):
 
@@ -55,7 +55,7 @@ from ampkit.device import Device, detect_device
 from ampkit.errors import AmpkitError, UsageError
 from ampkit.policy import Precision, resolve_precision
 from ampkit.tasks import Task, load_task
-from ampkit.train import TrainConfig, TrainResult, train
+from ampkit.trainer import TrainConfig, TrainResult, train
 
 __all__ = ["compare", "CompareResult", "band", "BAND_SIGMAS", "BAND_REL", "METRIC_ABS", "METRIC_REL",
            "MAX_SKIP_SHARE", "MIN_OUT_POINTS", "write_outputs"]

@@ -1,6 +1,6 @@
 """The training loop: engine step, metrics, checkpoints, resume, clean stop on SIGINT/SIGTERM.
 
->>> from ampkit.train import TrainConfig, train
+>>> from ampkit.trainer import TrainConfig, train
 >>> result = train(TrainConfig(task="digits", precision="bf16", steps=200, out="runs/digits"))  # doctest: +SKIP
 >>> result.metrics["accuracy"]                                                                     # doctest: +SKIP
 0.97
