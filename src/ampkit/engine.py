@@ -122,8 +122,10 @@ class MixedPrecision:
                                    backoff_factor=backoff_factor, growth_interval=growth_interval)
         self.steps = 0  # optimizer steps attempted (python int: no device read needed)
         self._micro = 0
-        self._counters: torch.Tensor | None = None  # [skipped, consecutive, max_consecutive] int64
-        self._last_norm: torch.Tensor | None = None
+        # One small device tensor holds every counter, so the engine adds a single allocator block:
+        # [skipped, consecutive skips, max consecutive since the last read, last grad norm, last skipped].
+        # float32 counts exactly up to 2**24 skipped steps.
+        self._state: torch.Tensor | None = None
         self._last_found: torch.Tensor | None = None
         self._checked: set[int] = set()
         self._params_cache: dict[int, list[nn.Parameter]] = {}
@@ -214,16 +216,14 @@ class MixedPrecision:
 
     def _count(self, found: torch.Tensor, norm: torch.Tensor) -> None:
         self.steps += 1
-        if self._counters is None:
-            self._counters = torch.zeros(3, dtype=torch.int64, device=found.device)
-            self._last_norm = torch.zeros((), dtype=torch.float32, device=found.device)
-        f = found.to(torch.int64)
-        c = self._counters
-        c[0].add_(f)
-        c[1].add_(1).mul_(f)
+        if self._state is None:
+            self._state = torch.zeros(5, dtype=torch.float32, device=found.device)
+        c = self._state
+        c[0].add_(found)
+        c[1].add_(1).mul_(found)
         torch.maximum(c[2], c[1], out=c[2])
-        self._last_norm.copy_(norm.detach())
-        self._last_found = found
+        c[3].copy_(norm.detach())
+        c[4].copy_(found)
 
     def graph_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Any, example_batch: Any,
                    *, warmup: int = 3, parameters: Iterable[torch.Tensor] | None = None) -> Any:
@@ -276,21 +276,20 @@ class MixedPrecision:
         Raises :class:`~ampkit.errors.TrainingHalted` when more than ``max_consecutive_skips``
         steps in a row were skipped since the last read.
         """
-        if self._counters is None:
+        if self._state is None:
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
             return {"steps": self.steps, "skipped": 0, "consecutive_skips": 0, "scale": float(scale),
                     "grad_norm": None, "last_skipped": False}
-        parts = [self._counters.to(torch.float64), self._last_norm.to(torch.float64).reshape(1),
-                 self._last_found.to(self._counters.device, torch.float64).reshape(1)]
+        parts = [self._state.to(torch.float64)]
         if self.scaler is not None and self.scaler._scale is not None:
-            parts.append(self.scaler._scale.to(self._counters.device, torch.float64).reshape(1))
+            parts.append(self.scaler._scale.to(self._state.device, torch.float64).reshape(1))
         values = torch.cat(parts).tolist()  # the one device -> host transfer
         skipped, consec, max_consec, norm, last = values[:5]
         if len(values) > 5:
             scale = values[5]
         else:  # no scaler, or one restored from a checkpoint and not yet used (no device tensor yet)
             scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
-        self._counters[2].copy_(self._counters[1])
+        self._state[2].copy_(self._state[1])
         out = {"steps": self.steps, "skipped": int(skipped), "consecutive_skips": int(consec), "scale": scale,
                "grad_norm": norm, "last_skipped": bool(last)}
         if self.max_consecutive_skips is not None and max_consec >= self.max_consecutive_skips:
@@ -309,7 +308,8 @@ class MixedPrecision:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "steps": self.steps,
             "micro": self._micro,
-            "counters": None if self._counters is None else self._counters.detach().cpu(),
+            # [skipped, consecutive, max_consecutive] as int64, the format since ampkit 0.1
+            "counters": None if self._state is None else self._state[:3].detach().to("cpu", torch.int64),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
@@ -321,9 +321,8 @@ class MixedPrecision:
         counters = state.get("counters")
         if counters is not None:
             dev = self._state_device()
-            self._counters = counters.to(dev).clone()
-            self._last_norm = torch.zeros((), dtype=torch.float32, device=dev)
-            self._last_found = torch.zeros((), dtype=torch.float32, device=dev)
+            self._state = torch.zeros(5, dtype=torch.float32, device=dev)
+            self._state[:3].copy_(counters.to(dev, torch.float32))
         scaler_state = state.get("scaler")
         if self.scaler is not None:
             if scaler_state:
