@@ -100,3 +100,14 @@ def test_kill_9_leaves_loadable_checkpoint(tmp_path):
     found = CheckpointManager(tmp_path).latest()
     assert found.state is not None and found.state["step"] >= 3
     assert not found.skipped
+
+
+def test_rng_state_restores_from_a_device_mapped_checkpoint(tmp_path):
+    """torch.set_rng_state takes CPU byte tensors; a checkpoint mapped to a device carries them there.
+    On the CPU we can only check the round trip; tests/distributed/test_torchrun_gpu.py resumes on CUDA."""
+    from ampkit.checkpoint import rng_state, set_rng_state
+
+    state = rng_state()
+    a = torch.rand(3)
+    set_rng_state(state)
+    assert torch.equal(a, torch.rand(3))

@@ -51,15 +51,17 @@ def rng_state(device: Device | None = None) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], device: Device | None = None) -> None:
+    """Restore :func:`rng_state`. RNG states must be CPU byte tensors: a checkpoint loaded with
+    ``map_location=<accelerator>`` carries them on the device, so they are brought back first."""
     random.setstate(_as_tuple(state["python"]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "numpy" in state:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+        np.random.set_state((kind, keys.cpu().numpy().astype("uint32"), pos, has_gauss, cached))
     if device is not None and state.get("device") is not None and device.is_accelerator:
-        device.set_rng_state(state["device"])
+        device.set_rng_state(state["device"].cpu())
 
 
 def _as_tuple(obj: Any) -> Any:
