@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ampkit.device import Device, detect_device
+from ampkit.device import Device
 from ampkit.errors import PrecisionUnsupported, UsageError
 from ampkit.policy import apply_tf32, resolve_precision
 

@@ -206,12 +206,12 @@ def _combine(table: bool | None, probe: ProbeResult | None, what: str) -> Suppor
         if probe is None:
             return Support(table, "table", "", None)
         if probe.errored:
-            return Support(table, "table", f"probe could not run; table answer kept", probe.message)
+            return Support(table, "table", "probe could not run; table answer kept", probe.message)
         if probe.ok == table:
             return Support(table, "table", "confirmed by probe", probe.message)
         if table and not probe.ok:
             # The card should do it but did not here: trust what ran (driver, build or kernel problem).
-            return Support(False, "probe", f"table says yes but the probe failed here", probe.message)
+            return Support(False, "probe", "table says yes but the probe failed here", probe.message)
         # Table says no, probe passed: the emulation trap. The table wins.
         return Support(False, "table", f"{what} ops passed a small probe but the card table says no "
                                         "(emulation); not used", probe.message)

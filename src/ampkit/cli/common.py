@@ -37,3 +37,32 @@ def err_console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+class ProgressView:
+    """A rich progress bar on stderr fed by a library's progress callback (``__call__(event)``);
+    subclasses render their events. With ``enabled=False`` (not a TTY, ``--json``) no bar is drawn."""
+
+    def __init__(self, enabled: bool, *, counter: str = "count") -> None:
+        self.enabled = enabled
+        self.counter = counter  # "count": done/total; "elapsed": time spent
+        self.err = err_console()
+        self.progress = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            middle = MofNCompleteColumn() if self.counter == "count" else TimeElapsedColumn()
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), middle,
+                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=self.err)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def __call__(self, ev: dict) -> None:  # pragma: no cover - subclasses render
+        raise NotImplementedError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ampkit.cli.common import add_device_arg, add_precision_arg, console, err_console, print_json
+from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console, print_json
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:
@@ -13,7 +13,7 @@ EXAMPLES = """examples:
   ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
   ampkit compare --json > verdict.json             # the same as DIR/compare.json, on stdout
 
-exit status: 0 pass, 1 fail, 2 bad input. The verdict: docs/compare.md.
+exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: the README, "The verdict".
 """
 
 
@@ -62,29 +62,14 @@ def run(args) -> int:
     return 0 if result.passed else 1
 
 
-class _Progress:
+class _Progress(ProgressView):
     """One rich bar over all 2N runs (steps of every run); plain lines when stderr is not a TTY."""
 
     def __init__(self, enabled: bool, quiet: bool) -> None:
-        self.enabled = enabled
+        super().__init__(enabled, counter="elapsed")
         self.quiet = quiet
-        self.err = err_console()
-        self.progress = None
         self.bar = None
         self.steps = 0
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
-                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=self.err)
-            self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
 
     def __call__(self, ev: dict) -> None:
         kind = ev.get("event")

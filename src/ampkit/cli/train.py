@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ampkit.cli.common import add_device_arg, add_precision_arg, console, err_console
+from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console
 
 EXAMPLES = """examples:
   ampkit train --task digits                               # auto precision, default steps
@@ -128,27 +128,12 @@ def run(args) -> int:
     return 0
 
 
-class _Bar:
+class _Bar(ProgressView):
     """A rich progress bar fed by the trainer's progress callback; plain lines when not a TTY."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.err = err_console()
-        self.progress = None
+        super().__init__(enabled, counter="count")
         self.task_id = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=self.err)
-            self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
 
     def __call__(self, ev: dict) -> None:
         kind = ev.get("event")

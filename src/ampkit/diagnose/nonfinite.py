@@ -221,7 +221,6 @@ class NonFiniteLocator:
     def _backward_finding(self, event: _GradEvent) -> Finding:
         call = event.call
         who = self.tracker.describe(call.module)
-        name = self.tracker.name(call.module)
         if event.kind == "out":
             return Finding(
                 code="nonfinite-backward",

@@ -30,7 +30,7 @@ Categories of an op (views, detaches and allocations are not counted):
 from __future__ import annotations
 
 import contextlib
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
