@@ -168,10 +168,7 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         norm = _full(self._clip_or_measure(params, grads))
-        found = (~torch.isfinite(norm)).to(torch.float32)
-        if self.scaler is not None:
-            for flag in self.scaler._found_inf_per_device(optimizer).values():
-                found = torch.maximum(found, flag.to(found.device, non_blocking=True))
+        found = self._nonfinite_flag(norm, optimizer)
         if self.agree is not None:
             # Sharded (FSDP2) gradients, or one rank's own bad gradient: each rank's flag says only what it
             # saw. The agreed flag decides the step, and the scaler's update, on every rank alike.
@@ -214,16 +211,37 @@ class MixedPrecision:
         elif not bool(found):  # one host read: non-fused optimizers cannot skip on the device
             optimizer.step()
 
+    def _nonfinite_flag(self, norm: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """1.0 when this step's gradients are not finite, else 0.0: a float32 device tensor, as the fused
+        optimizers take it. Written for few dispatches: this runs every step, and on small models the
+        per-op launch cost is what an engine adds over a hand-written loop."""
+        if self.scaler is not None:
+            # unscale_ already checked every gradient for inf/NaN: its flag is the answer.
+            flags = list(self.scaler._found_inf_per_device(optimizer).values())
+            found = flags[0]
+            for flag in flags[1:]:
+                found = torch.maximum(found, flag.to(found.device, non_blocking=True))
+            return found
+        # x - x is 0 for a finite x and NaN for inf/NaN; ne_ turns that into 0.0 / 1.0 in place.
+        n = norm.detach().float()
+        return (n - n).ne_(0)
+
     def _count(self, found: torch.Tensor, norm: torch.Tensor) -> None:
         self.steps += 1
         if self._state is None:
-            self._state = torch.zeros(5, dtype=torch.float32, device=found.device)
-        c = self._state
-        c[0].add_(found)
-        c[1].add_(1).mul_(found)
-        torch.maximum(c[2], c[1], out=c[2])
-        c[3].copy_(norm.detach())
-        c[4].copy_(found)
+            self._new_state(found.device)
+        skipped, consec, max_consec, last_norm, last, one = self._views
+        torch._foreach_add_([skipped, consec], [found, one])
+        consec.mul_(found)
+        torch.maximum(max_consec, consec, out=max_consec)
+        torch._foreach_copy_([last_norm, last], [norm.detach().float(), found])
+
+    def _new_state(self, device: torch.device) -> None:
+        # [skipped, consecutive, max consecutive since the last read, last grad norm, last skipped, 1.0]:
+        # one allocation; the constant 1.0 lives in it so the update needs no other tensor.
+        self._state = torch.zeros(6, dtype=torch.float32, device=device)
+        self._state[5] = 1.0
+        self._views = self._state.unbind()  # made once: no per-step indexing
 
     def graph_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Any, example_batch: Any,
                    *, warmup: int = 3, parameters: Iterable[torch.Tensor] | None = None) -> Any:
@@ -280,7 +298,7 @@ class MixedPrecision:
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
             return {"steps": self.steps, "skipped": 0, "consecutive_skips": 0, "scale": float(scale),
                     "grad_norm": None, "last_skipped": False}
-        parts = [self._state.to(torch.float64)]
+        parts = [self._state[:5].to(torch.float64)]
         if self.scaler is not None and self.scaler._scale is not None:
             parts.append(self.scaler._scale.to(self._state.device, torch.float64).reshape(1))
         values = torch.cat(parts).tolist()  # the one device -> host transfer
@@ -321,7 +339,7 @@ class MixedPrecision:
         counters = state.get("counters")
         if counters is not None:
             dev = self._state_device()
-            self._state = torch.zeros(5, dtype=torch.float32, device=dev)
+            self._new_state(dev)
             self._state[:3].copy_(counters.to(dev, torch.float32))
         scaler_state = state.get("scaler")
         if self.scaler is not None:
