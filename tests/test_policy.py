@@ -35,8 +35,8 @@ def test_s80_refuses_bf16_naming_card_and_fix(simulated_musa):
     with pytest.raises(PrecisionUnsupported) as e:
         resolve_precision("bf16")
     msg = str(e.value)
-    assert "MTT S80 (QY1, capability 2.1) supports FP16 only" in msg
-    assert msg.endswith("use --precision fp16")
+    assert msg.startswith("MTT S80 (QY1, capability 2.1) supports FP16 only: use --precision fp16 (BF16: the card "
+                          "table says no")
 
 
 def test_s80_auto_is_fp16_and_says_why(simulated_musa):

@@ -71,18 +71,30 @@ def _supported_list(caps: Capabilities) -> list[str]:
     return [n for n in ("bf16", "fp16") if caps.dtypes[n].supported]
 
 
+def _evidence(support) -> str:
+    """Where a "no" came from, for the message's parenthesis."""
+    if support.provenance == "table":
+        text = "the card table says no"
+        if support.probe and not support.probe.startswith("pass"):
+            text += f"; run-time probe: {support.probe}"
+        elif support.probe:
+            text += " (a small probe passed: emulation, not used)"
+        return text
+    if support.provenance == "probe":
+        return f"the run-time probe says no ({support.probe})"
+    return "unverified: no card-table entry and no probe result"
+
+
 def _refusal(caps: Capabilities, name: str) -> str:
+    """The fix first, then the evidence: 'MTT S80 (QY1, capability 2.1) supports FP16 only: use --precision fp16 (...)'."""
     label = _card_label(caps)
     ok = _supported_list(caps)
-    support = caps.dtypes[name]
-    why = support.detail or support.provenance
-    if support.probe and support.probe != "pass" and not support.probe.startswith("pass"):
-        why += f"; probe: {support.probe}"
+    why = f"{name.upper()}: {_evidence(caps.dtypes[name])}"
     if not ok:
-        return f"{label} does not support {name.upper()} ({why}): use --precision fp32"
+        return f"{label} supports neither BF16 nor FP16 here: use --precision fp32 ({why})"
     if len(ok) == 1:
-        return f"{label} supports {ok[0].upper()} only ({name.upper()}: {why}): use --precision {ok[0]}"
-    return f"{label} does not support {name.upper()} ({why}): use --precision {' or '.join(ok)}"
+        return f"{label} supports {ok[0].upper()} only: use --precision {ok[0]} ({why})"
+    return f"{label} does not support {name.upper()}: use --precision {' or '.join(ok)} ({why})"
 
 
 def resolve_precision(
