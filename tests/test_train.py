@@ -111,3 +111,14 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
     found = CheckpointManager(out / "checkpoints").latest()
     last_logged = json.loads(metrics.read_text().splitlines()[-1])["step"]
     assert found.state["step"] == last_logged
+
+
+def test_tensorboard_events_written(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(TrainConfig(task=TOY, precision="fp16", steps=10, out=str(tmp_path), log_every=5, tensorboard=True))
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert {"loss", "scale", "grad_norm"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("loss")] == [5, 10]
