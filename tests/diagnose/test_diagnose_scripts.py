@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ampkit.diagnose import diagnose_script
-from ampkit.diagnose import instrument as instrument_mod
+from ampkit.diagnose import host_reads as host_reads_mod
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -118,7 +118,7 @@ def test_host_sync_is_not_reported_on_the_cpu():
 def test_host_sync_logic_with_device_tensors(monkeypatch):
     # On the CPU a read is no device sync; pretend every tensor lives on an accelerator to test the
     # bookkeeping (the real thing runs in test_host_sync_on_gpu).
-    monkeypatch.setattr(instrument_mod, "_is_accelerator_tensor", lambda t: True)
+    monkeypatch.setattr(host_reads_mod, "_is_accelerator_tensor", lambda t: True)
     result = diagnose_script(script("host_sync"))
     wheres = sorted(f.where for f in result.findings if f.code == "host-sync-per-step")
     assert [w.rsplit(":", 1)[1] for w in wheres] == ["18", "23"], result.findings

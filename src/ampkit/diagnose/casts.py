@@ -1,0 +1,148 @@
+"""Autocast and manual casts in a diagnose run: the precision the script asks for.
+
+:class:`CastChecks` holds the wrappers that :class:`~ampkit.diagnose.instrument.Instrumentation`
+installs around ``torch.autocast`` and ``Tensor.half`` / ``Tensor.to`` / ``Module.half``:
+
+* autocast construction: forced off in range mode, else checked against the card table
+  (``dtype-unsupported``, which ends the run);
+* autocast entry: records the autocast (device, dtype) of the current optimizer step, which the
+  step and GradScaler checks read;
+* manual casts to FP16 made directly by the user's code inside an autocast region
+  (``half-inside-autocast``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.tracking import frame_where
+
+if TYPE_CHECKING:
+    from ampkit.diagnose.instrument import Instrumentation
+
+__all__ = ["CastChecks"]
+
+
+class CastChecks:
+    """The autocast and manual-cast wrappers of one run; ``inst`` is the run's
+    :class:`~ampkit.diagnose.instrument.Instrumentation` (pause state, mode, step, findings)."""
+
+    def __init__(self, inst: Instrumentation) -> None:
+        self.inst = inst
+
+    # ------------------------------------------------------------------ autocast
+    def wrap_autocast_init(self, orig):
+        inst, checks = self.inst, self
+        sig = inspect.signature(orig)
+
+        def __init__(ac, *args, **kwargs):
+            if not inst._paused:
+                bound = sig.bind(ac, *args, **kwargs)
+                bound.apply_defaults()
+                if inst.mode == "range":
+                    bound.arguments["enabled"] = False
+                elif bound.arguments["enabled"]:
+                    checks._check_dtype(bound.arguments["device_type"], bound.arguments["dtype"])
+                args, kwargs = bound.args[1:], bound.kwargs
+            orig(ac, *args, **kwargs)
+
+        return __init__
+
+    def _check_dtype(self, device_type: Any, dtype: torch.dtype | None) -> None:
+        if not isinstance(device_type, str) or device_type in ("cpu", "mps", "xpu", "meta"):
+            return
+        from ampkit.device import Device
+        from ampkit.diagnose.instrument import StopRun  # here: instrument imports this module
+        from ampkit.hardware import card_facts
+
+        inst = self.inst
+        with inst.paused():
+            if dtype is None:
+                try:
+                    dtype = torch.get_autocast_dtype(device_type)
+                except Exception:  # noqa: BLE001 - an unknown backend: nothing to compare
+                    return
+            key = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+            if key is None:
+                return
+            dev = Device(device_type, 0)
+            facts = card_facts(dev)
+            if getattr(facts, key) is not False:
+                return
+            other = "fp16" if key == "bf16" else "bf16"
+            ok_other = getattr(facts, other)
+            name = dev.name
+        inst.add(Finding(
+            code="dtype-unsupported",
+            message=f"autocast to {key.upper()} on {name} ({facts.family}): the card table says this card cannot run "
+                    f"{key.upper()}" + (" (a tensor of that dtype can still be created, so "
+                                        "`is_bf16_supported()` may say True)" if key == "bf16" else ""),
+            where=inst.user.where(2),
+            fix=(f"use `dtype=torch.{'float16' if other == 'fp16' else 'bfloat16'}`"
+                 + (" with a GradScaler" if other == "fp16" else "") + "; `ampkit doctor` lists what this card runs"
+                 if ok_other else fix_for("dtype-unsupported")),
+            step=inst.step))
+        raise StopRun(f"autocast to {key.upper()} is not supported on {name}")
+
+    def wrap_autocast_enter(self, orig):
+        inst = self.inst
+
+        def __enter__(ac):
+            if not inst._paused and getattr(ac, "_enabled", False):
+                inst._step_dtypes.add((ac.device, ac.fast_dtype))
+            return orig(ac)
+
+        return __enter__
+
+    # ------------------------------------------------------------------ manual casts
+    def _half_in_autocast(self, t: Any, what: str) -> None:
+        inst = self.inst
+        frame = inst.user.caller_is_user(2)
+        if frame is None:
+            return
+        dev = t.device.type if isinstance(t, torch.Tensor) else next((p.device.type for p in t.parameters()), "cpu")
+        if not torch.is_autocast_enabled(dev):
+            return
+        inst.add(Finding(
+            code="half-inside-autocast",
+            message=f"{what} inside an autocast region: autocast already runs matmuls and convolutions in low "
+                    "precision; a manual cast also forces FP16 on ops autocast keeps in FP32 (softmax, norms, losses) "
+                    "and, on a parameter or a model, gives FP16 weights",
+            where=frame_where(frame), fix=fix_for("half-inside-autocast"), step=inst.step))
+
+    def wrap_tensor_half(self, orig):
+        inst, checks = self.inst, self
+
+        def half(t, *args, **kwargs):
+            if not inst._paused and inst.mode == "diagnose" and t.is_floating_point():
+                checks._half_in_autocast(t, "`.half()`")
+            return orig(t, *args, **kwargs)
+
+        return half
+
+    def wrap_tensor_to(self, orig):
+        inst, checks = self.inst, self
+
+        def to(t, *args, **kwargs):
+            if (not inst._paused and inst.mode == "diagnose"
+                    and (kwargs.get("dtype") is torch.float16 or any(a is torch.float16 for a in args))
+                    and t.is_floating_point()):
+                checks._half_in_autocast(t, "`.to(torch.float16)`")
+            return orig(t, *args, **kwargs)
+
+        return to
+
+    def wrap_module_half(self, orig):
+        inst, checks = self.inst, self
+
+        def half(module):
+            if not inst._paused and inst.mode == "diagnose":
+                with inst.paused():
+                    checks._half_in_autocast(module, "`module.half()`")
+            return orig(module)
+
+        return half
