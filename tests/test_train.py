@@ -77,6 +77,8 @@ def _cli(*argv):
     (["train", "--task", "missing.py:make"], "does not exist"),
     (["train", "--task", TOY, "--task-arg", "nosuch=1"], "takes no option"),
     (["train", "--task", TOY, "--precision", "fp8"], "invalid choice"),
+    (["train", "--task", TOY, "--task-arg", "hidden=abc"], "option hidden takes int values"),
+    (["train", "--task", TOY, "--out", "/dev/null"], "is not a folder"),
 ])
 def test_cli_bad_input_one_line(argv, needle):
     p = _cli(*argv)

@@ -172,6 +172,8 @@ def _check_out(out: str | None) -> Path | None:
     if out is None:
         return None
     path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder: give a folder for metrics and checkpoints")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".ampkit-write-test"

@@ -129,6 +129,19 @@ def _resolve_factory(spec: str) -> Callable[..., Task]:
     return factory
 
 
+def _check_option_type(spec: str, key: str, value: Any, param: inspect.Parameter | None) -> None:
+    """An option must have the type of the factory's default (an int where a float is expected is fine)."""
+    if param is None or param.default is inspect.Parameter.empty or param.default is None:
+        return
+    want = type(param.default)
+    ok = isinstance(value, want) or (want is float and isinstance(value, int) and not isinstance(value, bool))
+    if want is int and isinstance(value, bool):
+        ok = False
+    if not ok:
+        raise UsageError(f"task {spec!r}: option {key} takes {want.__name__} values (default {param.default!r}), "
+                         f"got {value!r}")
+
+
 def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
     """Build a task from a built-in name, ``FILE.py:factory`` or ``module:factory``.
 
@@ -145,6 +158,8 @@ def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None
     if unknown:
         raise UsageError(f"task {spec!r} takes no option(s) {', '.join(unknown)}; it takes: "
                          f"{', '.join(p for p in params if p != 'seed') or 'none'}")
+    for key, value in options.items():
+        _check_option_type(spec, key, value, params.get(key))
     torch.manual_seed(seed)
     try:
         task = factory(**options)
