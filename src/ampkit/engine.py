@@ -147,6 +147,8 @@ class MixedPrecision:
         """``loss.backward()``, divided by the accumulation steps and scaled for FP16."""
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
+        if self._state is None:
+            self._new_state(loss.device)
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
@@ -237,11 +239,23 @@ class MixedPrecision:
         torch._foreach_copy_([last_norm, last], [norm.detach().float(), found])
 
     def _new_state(self, device: torch.device) -> None:
-        # [skipped, consecutive, max consecutive since the last read, last grad norm, last skipped, 1.0]:
-        # one allocation; the constant 1.0 lives in it so the update needs no other tensor.
-        self._state = torch.zeros(6, dtype=torch.float32, device=device)
+        # One allocation for everything the engine keeps on the device:
+        #   0 skipped, 1 consecutive skips, 2 max consecutive since the last read, 3 last grad norm,
+        #   4 last skipped, 5 the constant 1.0 (so the update needs no other tensor),
+        #   6 the FP16 loss scale, 7 the scaler's growth tracker (int32 bits).
+        self._state = torch.zeros(8, dtype=torch.float32, device=device)
         self._state[5] = 1.0
-        self._views = self._state.unbind()  # made once: no per-step indexing
+        self._views = self._state[:6].unbind()  # made once: no per-step indexing
+        scaler = self.scaler
+        if scaler is not None and scaler._scale is None:
+            # GradScaler makes its scale and growth tracker lazily, as two more one-element tensors (two
+            # more allocator blocks) in its first scale(). Handing it views of this block instead keeps
+            # FP16 training from allocating anything a hand-written loop would not.
+            self._state[6] = scaler._init_scale
+            tracker = self._state[7:8].view(torch.int32)
+            tracker.fill_(scaler._init_growth_tracker)
+            scaler._scale = self._state[6]
+            scaler._growth_tracker = tracker[0]
 
     def graph_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Any, example_batch: Any,
                    *, warmup: int = 3, parameters: Iterable[torch.Tensor] | None = None) -> Any:
