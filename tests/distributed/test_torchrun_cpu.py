@@ -65,7 +65,7 @@ def runs(tmp_path_factory):
 # the matrix covers DDP and FSDP2 each in FP32 and BF16 with one torchrun start fewer. Gradient
 # accumulation (DDP's no_sync, FSDP2's set_requires_gradient_sync) runs in fsdp-bf16 and the killed-rank test.
 @pytest.mark.parametrize("strategy,precision,accumulation", [("ddp", "bf16", 1), ("fsdp", "fp32", 1),
-                                                             ("fsdp", "bf16", 2)])
+                                                             ("fsdp", "bf16", 2), ("fsdp", "fp16", 1)])
 def test_two_ranks_match_one_process_and_skip_together(runs, reference, strategy, precision, accumulation):
     p, out, dump = runs(strategy, precision, accumulation)
     assert p.returncode == 0, p.stderr[-3000:]
