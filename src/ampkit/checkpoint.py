@@ -13,6 +13,7 @@ that carries pickled code is refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -25,10 +26,10 @@ from typing import Any
 import torch
 
 from ampkit.device import Device
-from ampkit.errors import CheckpointError
+from ampkit.errors import CheckpointError, UsageError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "restore", "CheckpointManager", "Found", "rng_state",
-           "set_rng_state", "atomic_write_bytes"]
+           "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine"]
 
 FORMAT = "ampkit-checkpoint"
 VERSION = 1
@@ -80,24 +81,37 @@ def atomic_write_bytes(path: str | os.PathLike, write: Any) -> Path:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with _suppress():
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    with _suppress():  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    fsync_dir(path.parent)  # make the rename itself durable
     return path
 
 
-class _suppress:
-    def __enter__(self) -> None:
-        return None
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """fsync a folder so that a rename into it survives a crash; best effort (not every OS allows it)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)
+
+def prepare_folder(out: str | os.PathLike, flag: str = "--out") -> Path:
+    """Create ``out`` if needed and check that files can be written there, before any work is done;
+    a one-line :class:`UsageError` otherwise."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {out} exists and is not a folder: give a folder for metrics and checkpoints")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".ampkit-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write to {flag} {out}: {exc.strerror or exc}") from exc
+    return path
 
 
 def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -147,6 +161,13 @@ def restore(state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.o
     model.load_state_dict(state["model"])
     if optimizer is not None and state.get("optimizer") is not None:
         optimizer.load_state_dict(state["optimizer"])
+    return restore_engine(state, amp=amp, device=device, rng=rng)
+
+
+def restore_engine(state: dict[str, Any], *, amp: Any | None, device: Device | None = None,
+                   rng: bool = True) -> list[str]:
+    """The engine (scaler, counters) and RNG parts of a checkpoint; returns the engine's notes
+    (returned, not warned: the caller reports them)."""
     notes: list[str] = []
     if amp is not None and state.get("amp") is not None:
         import warnings
@@ -193,7 +214,7 @@ class CheckpointManager:
     def save(self, *, step: int, **kwargs: Any) -> Path:
         path = save_checkpoint(self.path_for(step), step=step, **kwargs)
         for _, old in self.list()[: -self.keep]:
-            with _suppress():
+            with contextlib.suppress(OSError):
                 old.unlink()
         return path
 

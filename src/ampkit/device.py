@@ -225,9 +225,6 @@ class Device:
             self.module.set_rng_state(state, self._idx)
 
     # ------------------------------------------------------------------ AMP
-    def autocast(self, dtype: torch.dtype, enabled: bool = True) -> torch.autocast:
-        return torch.autocast(device_type=self.type, dtype=dtype, enabled=enabled)
-
     def grad_scaler(self, *, enabled: bool = True, **kwargs: Any) -> torch.amp.GradScaler:
         """The grad scaler for this device, made in one place (MUSA.md: ``torch.musa.amp.GradScaler``
         is the documented MUSA API; ``torch.amp.GradScaler("musa")`` is only inferred to be equal)."""

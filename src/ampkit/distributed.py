@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ampkit.checkpoint import (FORMAT, CheckpointManager, atomic_write_bytes, load_checkpoint, restore, rng_state,
-                               set_rng_state)
+from ampkit.checkpoint import (FORMAT, CheckpointManager, atomic_write_bytes, fsync_dir, load_checkpoint, restore,
+                               restore_engine, rng_state)
 from ampkit.device import Device, detect_device
 from ampkit.errors import CheckpointError, DeviceError, UsageError
 from ampkit.policy import Precision
@@ -253,8 +253,10 @@ class RunCheckpoints:
 
     def list(self) -> list[tuple[int, Path]]:
         """Complete checkpoints of this run's kind, oldest first."""
-        if not self.sharded:
-            return self.files.list()
+        return self._dcp_list() if self.sharded else self.files.list()
+
+    def _dcp_list(self) -> list[tuple[int, Path]]:
+        """Complete ``step-XXXXXXXX.dcp`` folders, oldest first."""
         if not self.folder.is_dir():
             return []
         out = []
@@ -298,7 +300,7 @@ class RunCheckpoints:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.folder)
+            fsync_dir(self.folder)
             for _, old in self.list()[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         self._barrier()
@@ -306,14 +308,7 @@ class RunCheckpoints:
 
     def candidates(self) -> list[tuple[int, Path]]:
         """Every checkpoint of either kind, newest first (incomplete ``.dcp`` folders left out)."""
-        found = list(self.files.list())
-        if self.folder.is_dir():
-            for p in self.folder.iterdir():
-                if p.name.startswith("step-") and p.name.endswith(".dcp") and _is_complete_dcp(p):
-                    try:
-                        found.append((int(p.name[5:-4]), p))
-                    except ValueError:
-                        continue
+        found = self.files.list() + self._dcp_list()
         # Same step in both kinds: prefer the run's own kind.
         return sorted(found, key=lambda sp: (sp[0], sp[1].suffix == (".dcp" if self.sharded else ".pt")),
                       reverse=True)
@@ -340,12 +335,7 @@ class RunCheckpoints:
                 notes.append(f"skipped unreadable checkpoint: {exc}")
                 continue
             _load_dcp(path, model, optimizer)
-            if amp is not None and meta.get("amp") is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    notes += amp.load_state_dict(meta["amp"])
-            if meta.get("rng") is not None:
-                set_rng_state(meta["rng"], device)
+            notes += restore_engine(meta, amp=amp, device=device)
             saved_world = meta.get("world_size", 1)
             world = self.ctx.world_size if self.ctx else 1
             if saved_world != world:
@@ -383,17 +373,6 @@ def _quiet_without_group() -> Iterator[None]:
         if not _active():
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         yield
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------------------- metrics on resume

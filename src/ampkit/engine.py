@@ -126,7 +126,6 @@ class MixedPrecision:
         # [skipped, consecutive skips, max consecutive since the last read, last grad norm, last skipped].
         # float32 counts exactly up to 2**24 skipped steps.
         self._state: torch.Tensor | None = None
-        self._last_found: torch.Tensor | None = None
         self._checked: set[int] = set()
         self._params_cache: dict[int, list[nn.Parameter]] = {}
         self.graph = bool(graph)

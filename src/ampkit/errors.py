@@ -9,7 +9,18 @@ __all__ = [
     "PrecisionUnsupported",
     "CheckpointError",
     "TrainingHalted",
+    "first_line",
 ]
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """``"Type: first line of the message"`` (at most ``limit`` characters of it), or ``"Type"``:
+    how an exception from torch, a driver or a user's script is quoted in a one-line message."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    if limit is not None:
+        line = line[:limit]
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
 class AmpkitError(Exception):

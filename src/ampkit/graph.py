@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ampkit.errors import DeviceError, UsageError
+from ampkit.errors import DeviceError, UsageError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampkit.engine import MixedPrecision
@@ -77,8 +77,7 @@ def capture_blockers(amp: "MixedPrecision", optimizer: torch.optim.Optimizer) ->
 def _first_line(exc: BaseException) -> str:
     while exc.__context__ is not None:  # a failed capture's own error hides the one that broke it
         exc = exc.__context__
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return first_line(exc)
 
 
 class GraphedStep:
@@ -114,7 +113,6 @@ class GraphedStep:
         self._graph: Any = None
         self._stream: Any = None
         self._static_loss: torch.Tensor | None = None
-        self._graph_found: torch.Tensor | None = None
         self._graph_grads: list[torch.Tensor | None] = []
         self._warned_shapes = False
         want = getattr(amp, "graph", False) if capture is None else capture
@@ -152,7 +150,6 @@ class GraphedStep:
             self._graph.replay()
             self.amp.steps += 1
             self.amp._micro += 1
-            self.amp._last_found = self._graph_found
             return self._static_loss
         # warm-up: eager steps on the side stream, then capture on the same stream
         if not self._fits(batch):
@@ -167,7 +164,6 @@ class GraphedStep:
         if not self._capture():
             return self._eager(self._to_device(batch))
         self._graph.replay()
-        self.amp._last_found = self._graph_found
         return self._static_loss
 
     # ------------------------------------------------------------------ steps
@@ -227,7 +223,7 @@ class GraphedStep:
             return False
         amp, optimizer = self.amp, self.optimizer
         graph_cls, graph_ctx = self.device.graph_api()
-        saved = (amp.steps, amp._micro, amp._last_found)
+        saved = (amp.steps, amp._micro)
         optimizer.zero_grad(set_to_none=True)  # gradients are born inside the graph's pool: static addresses
         graph = graph_cls()
         s = self._stream
@@ -239,7 +235,7 @@ class GraphedStep:
                 amp.backward(loss)
                 amp.step(optimizer, self.parameters, zero_grad=False)
         except Exception as exc:  # noqa: BLE001 - any capture failure means: undo and run eagerly
-            amp.steps, amp._micro, amp._last_found = saved
+            amp.steps, amp._micro = saved
             if amp.scaler is not None:
                 amp.scaler._per_optimizer_states.clear()  # an unscale_ recorded during the failed capture
             optimizer.zero_grad(set_to_none=True)
@@ -249,7 +245,6 @@ class GraphedStep:
         self.device.current_stream().wait_stream(s)
         self._graph = graph
         self._static_loss = loss.detach()
-        self._graph_found = amp._last_found
         self._graph_grads = [p.grad for p in self._params()]
         self._mode = "graph"
         self.captured = True
@@ -267,7 +262,7 @@ class GraphedStep:
     def _params(self) -> list[torch.Tensor]:
         if self.parameters is not None:
             return self.parameters
-        return [p for g in self.optimizer.param_groups for p in g["params"]]
+        return self.amp._optimizer_params(self.optimizer)
 
     def _as_tuple(self, batch: Any) -> tuple[Any, ...]:
         if isinstance(batch, torch.Tensor):

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from ampkit.device import Device
+from ampkit.errors import first_line
 
 __all__ = [
     "Support",
@@ -187,8 +188,7 @@ def probe_dtype(device: Device, dtype: torch.dtype, *, rtol: float = 5e-2) -> Pr
         p_ref, g_ref, _ = run(False)
         device.synchronize()
     except Exception as exc:  # noqa: BLE001 - anything the device raises is the finding
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return ProbeResult(False, f"error: {type(exc).__name__}: {first[:200]}", errored=True)
+        return ProbeResult(False, f"error: {first_line(exc, 200)}", errored=True)
     if out_dtype != dtype:
         return ProbeResult(False, f"fail: autocast produced {out_dtype} instead of {dtype} (not supported here)")
     if not (torch.isfinite(p_low).all() and torch.isfinite(g_low).all()):

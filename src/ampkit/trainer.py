@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ampkit import distributed as dist_mod
-from ampkit.checkpoint import CheckpointManager, restore
+from ampkit.checkpoint import CheckpointManager, prepare_folder, restore
 from ampkit.device import Device, detect_device
 from ampkit.engine import MixedPrecision
 from ampkit.errors import UsageError
@@ -168,22 +168,6 @@ def _tensorboard(out: Path | None, enabled: bool) -> Any:
     return SummaryWriter(log_dir=str((out or Path("runs")) / "tensorboard"))
 
 
-def _check_out(out: str | None) -> Path | None:
-    if out is None:
-        return None
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder: give a folder for metrics and checkpoints")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".ampkit-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from exc
-    return path
-
-
 def train(config: TrainConfig, *, task: Task | None = None, precision: Precision | None = None,
           progress: Progress | None = None) -> TrainResult:
     """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`."""
@@ -205,7 +189,9 @@ def _train(config: TrainConfig, ctx: dist_mod.DistContext | None, device: Device
         device = ctx.device
         if precision is not None and precision.device != device:
             precision = dataclasses.replace(precision, device=device)
-    out = _check_out(config.out) if main else (Path(config.out) if config.out else None)
+    out = Path(config.out) if config.out else None
+    if main and out is not None:
+        prepare_folder(out)
     if ctx is not None:
         ctx.barrier()  # rank 0 made --out
     precision = precision or resolve_precision(config.precision, device, tf32=config.tf32)
@@ -293,6 +279,11 @@ def _train(config: TrainConfig, ctx: dist_mod.DistContext | None, device: Device
     # in the final checkpoint's collectives; a signal ends the process and the job resumes from the last
     # --ckpt-every checkpoint (torchrun --max-restarts, or --resume).
     installed = stop.installed() if ctx is None else contextlib.nullcontext(stop)
+
+    def save_checkpoint() -> None:
+        ckpts.save(step=step, model=model, optimizer=optimizer, amp=amp, device=device,
+                   extra={"task": task.name, "seed": config.seed})
+
     try:
         with installed:
             while step < total:
@@ -339,14 +330,14 @@ def _train(config: TrainConfig, ctx: dist_mod.DistContext | None, device: Device
                             emit({"event": "warning", **asdict(warn)})
                     emit({"event": "log", **record})
                 if ckpts is not None and ((config.ckpt_every and step % config.ckpt_every == 0) or stop.signal):
-                    ckpts.save(step=step, model=model, optimizer=optimizer, amp=amp, device=device,
-                               extra={"task": task.name, "seed": config.seed})
+                    save_checkpoint()
                     emit({"event": "checkpoint", "step": step})
                 if stop.signal:
                     break
-            if ckpts is not None and not stop.signal and (not ckpts.list() or ckpts.list()[-1][0] != step):
-                ckpts.save(step=step, model=model, optimizer=optimizer, amp=amp, device=device,
-                           extra={"task": task.name, "seed": config.seed})
+            if ckpts is not None and not stop.signal:
+                saved = ckpts.list()
+                if not saved or saved[-1][0] != step:
+                    save_checkpoint()
     finally:
         if writer is not None:
             writer.close()

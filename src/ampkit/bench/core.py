@@ -15,7 +15,7 @@ from ampkit.bench.report import evaluate_bars, make_notes
 from ampkit.bench.runners import PEERS, RUNNERS, Built, Ctx, Refused, Unavailable, build
 from ampkit.bench.workloads import Workload, load_workload
 from ampkit.device import Device, detect_device
-from ampkit.errors import PrecisionUnsupported, UsageError
+from ampkit.errors import PrecisionUnsupported, UsageError, first_line
 from ampkit.policy import Precision, resolve_precision
 
 __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
@@ -207,11 +207,6 @@ def _row(label: str, prec: Precision, compiled: bool, runner: str, **kw: Any) ->
     return row
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
-
-
 def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled: bool, runner: str,
              fwd: Callable[[Any], torch.Tensor], config: BenchConfig, steps: int, warmup: int,
              peak_rate: float) -> dict[str, Any]:
@@ -241,7 +236,7 @@ def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled
     except Unavailable as exc:
         return _row(label, prec, compiled, runner, status="unavailable", message=str(exc))
     except Exception as exc:  # noqa: BLE001 - one configuration failing must not lose the others
-        return _row(label, prec, compiled, runner, status="error", message=_first_line(exc))
+        return _row(label, prec, compiled, runner, status="error", message=first_line(exc, 300))
     finally:
         if built is not None and built.cleanup is not None:
             built.cleanup()

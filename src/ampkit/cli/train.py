@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console
+from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console, print_json
 
 EXAMPLES = """examples:
   ampkit train --task digits                               # auto precision, default steps
@@ -119,8 +118,7 @@ def run(args) -> int:
     with _Bar(enabled=main_rank and not args.json and sys.stderr.isatty()) as bar:
         result = train(config, progress=bar if main_rank else None)
     if main_rank and args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(result.to_dict())
     elif main_rank:
         _summary(result)
     if result.interrupted_by:

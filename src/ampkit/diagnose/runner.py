@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.fp16range import RangeReport
 from ampkit.diagnose.instrument import Instrumentation, StopRun
-from ampkit.errors import UsageError
+from ampkit.errors import UsageError, first_line
 
 __all__ = ["DiagnoseResult", "diagnose_script", "fp16_range_script"]
 
@@ -102,7 +102,7 @@ def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: in
         if mapped is not None and not inst.has(mapped.code):
             inst.add(mapped, key=(mapped.code,))
     return DiagnoseResult(script=path, findings=tuple(inst.findings), steps=inst.step, stopped=stopped,
-                          error=None if error is None else _one_line(error))
+                          error=None if error is None else first_line(error))
 
 
 def fp16_range_script(path: str, args: list[str] | tuple[str, ...] = (), steps: int = 5) -> tuple[RangeReport, str | None]:
@@ -113,12 +113,7 @@ def fp16_range_script(path: str, args: list[str] | tuple[str, ...] = (), steps: 
     full = _resolve(path)
     inst = Instrumentation(os.path.dirname(full), steps=steps, mode="range")
     _, error = _run(full, list(args), inst)
-    return inst.recorder.report(), None if error is None else _one_line(error)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return inst.recorder.report(), None if error is None else first_line(error)
 
 
 _DEVICE_ERROR_MARKERS = ("cuda error", "musa error", "device-side assert", "illegal memory access",
@@ -141,7 +136,7 @@ def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None
     text = str(exc)
     low = text.lower()
     where = _script_where(exc, inst)
-    line = _one_line(exc)
+    line = first_line(exc)
     if "attempting to unscale fp16 gradients" in low:
         return Finding(code="fp16-params-with-scaler", message=f"the script raised {line}", where=where,
                        fix=fix_for("fp16-params-with-scaler"), step=inst.step)

@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ampkit.checkpoint import prepare_folder
 from ampkit.device import Device, detect_device
 from ampkit.errors import AmpkitError, UsageError
 from ampkit.policy import Precision, resolve_precision
@@ -325,6 +326,8 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         raise UsageError(f"seeds must be distinct, got {seed_list}")
     if steps is not None and steps < 1:
         raise UsageError(f"--steps must be positive, got {steps}")
+    if out is not None:
+        prepare_folder(out)  # before minutes of training, not after
     if isinstance(precision, Precision):
         amp_prec = precision
         dev = precision.device
@@ -501,11 +504,7 @@ def write_outputs(result: CompareResult, out: str | Path) -> CompareResult:
 
     from ampkit.verify.report import write_report
 
-    folder = Path(out)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from exc
+    folder = prepare_folder(out)
     html, pngs = write_report(result, folder)
     result = replace(result, report=str(html), files=tuple(str(p) for p in [folder / "compare.json", html, *pngs]))
     (folder / "compare.json").write_text(json.dumps(result.to_dict(), indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8")
