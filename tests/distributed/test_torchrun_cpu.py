@@ -33,7 +33,7 @@ def reference(tmp_path_factory):
                                       log_every=1, evaluate=False, accumulation_steps=accumulation))
             finally:
                 mp.undo()
-            assert r.skipped == 1
+            assert r.skipped == 1, r.history
             cache[precision, accumulation] = [rec["loss"] for rec in r.history]
         return cache[precision, accumulation]
 
@@ -74,15 +74,15 @@ def test_two_ranks_match_one_process_and_skip_together(runs, reference, strategy
     assert all(r["ranks"] == 2 and "skip_disagreement" not in r for r in recs)
     assert_losses_close([r["loss"] for r in recs], reference(precision, accumulation)[:STEPS], RTOL[precision])
     # The inf was on rank 1's gradients only; both ranks skipped that one step.
-    assert [r["skipped"] for r in recs] == [0] * (INF_AT - 1) + [1] * (STEPS - INF_AT + 1)
+    assert [r["skipped"] for r in recs] == [0] * (INF_AT - 1) + [1] * (STEPS - INF_AT + 1), recs
     ranks = dumps(dump)
-    assert [d["rank"] for d in ranks] == [0, 1]
+    assert [d["rank"] for d in ranks] == [0, 1], (ranks, p.stderr[-3000:])
     assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1
     assert ranks[0]["optimizer_steps"] == ranks[1]["optimizer_steps"] == [float(STEPS - 1)]
     if strategy == "ddp":  # replicas: identical parameters on both ranks
         assert ranks[0]["param_sum"] == ranks[1]["param_sum"]
         assert ranks[0]["param_abs_sum"] == ranks[1]["param_abs_sum"]
-    assert "step 1:" in p.stderr and p.stderr.count("step 1:") == 1  # only rank 0 prints
+    assert "step 1:" in p.stderr and p.stderr.count("step 1:") == 1, p.stderr[-3000:]  # only rank 0 prints
 
 
 def test_fsdp_checkpoint_resumes_on_one_and_two_ranks(runs, reference, tmp_path):
