@@ -164,3 +164,13 @@ def test_diff_is_coloured_only_on_a_terminal():
     buf = io.StringIO()
     _print_diff(Console(file=buf, force_terminal=True, soft_wrap=True), diff)
     assert "\x1b[" in buf.getvalue() and "+new" in buf.getvalue()
+
+
+def test_missing_path_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ampkit", "migrate", str(tmp_path / "nope.py")],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr

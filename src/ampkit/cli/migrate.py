@@ -68,6 +68,8 @@ def run(args) -> int:
         _print_finding(out, f, args.fix)
     for r in errors:
         print(f"ampkit migrate: error: {r.error}", file=sys.stderr)
+    if errors and len(errors) == len(results):
+        return 2  # nothing was checked: the error line says it all (no summary of zeros)
 
     changed = sum(r.changed for r in results if not r.error)
     verb = "rewritten" if args.fix else "would change"
