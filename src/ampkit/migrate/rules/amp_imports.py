@@ -16,6 +16,7 @@ __all__ = ["AmpImportsRule"]
 
 class AmpImportsRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
 
     def visit_Module(self, node: cst.Module) -> bool:
         for imp, module in self.ctx.amp_refs.moves.items():

@@ -23,6 +23,7 @@ _OLD_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 
 class AutocastRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "autocast"):

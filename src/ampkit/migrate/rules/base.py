@@ -8,6 +8,8 @@ autocast call that another rule rewrites is still retargeted).
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from typing import Callable, ClassVar
 
 import libcst as cst
@@ -26,6 +28,10 @@ class Rule(cst.CSTVisitor):
     #: finding codes the rule emits; ``--select`` runs a rule when one of them is selected.
     #: Rules with no code (``--target`` rewrites) always run.
     codes: ClassVar[tuple[str, ...]] = ()
+    #: regular expressions that must ALL occur in a file's text for the rule to find anything:
+    #: a cheap pre-check, so files that cannot match are never parsed. Keep them a superset of
+    #: what the visitor matches (a test checks each rule against its fixtures).
+    tokens: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: Context) -> None:
         super().__init__()
@@ -38,9 +44,19 @@ class Rule(cst.CSTVisitor):
         """False to skip the rule for this file or target."""
         return True
 
+    @classmethod
+    def may_match(cls, text: str, target: str) -> bool:
+        """False when ``text`` lacks a token the rule needs: it cannot report or rewrite anything."""
+        return all(p.search(text) for p in _compiled(cls.tokens))
+
     def report(self, node: cst.CSTNode, code: str, message: str, fix: str, *, rewritten: bool = False) -> None:
         self.findings.append(Finding(code=code, message=message, path=self.ctx.filename,
                                      line=self.ctx.line(node), fix=fix, rewritten=rewritten))
 
     def replace(self, node: cst.CSTNode, fn: Replacement) -> None:
         self.replacements.append((node, fn))
+
+
+@lru_cache(maxsize=None)
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in patterns)

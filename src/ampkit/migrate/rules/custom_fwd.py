@@ -18,6 +18,7 @@ __all__ = ["CustomFwdRule"]
 
 class CustomFwdRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "custom_fwd", "custom_bwd"):

@@ -24,6 +24,7 @@ _PUBLIC = "use the public torch.amp API: torch.amp.autocast, GradScaler, custom_
 
 class DeprecatedApiRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
 
     def visit_Module(self, node: cst.Module) -> bool:
         refs = self.ctx.amp_refs

@@ -34,6 +34,13 @@ class DeviceTargetRule(Rule):
     def applies(cls, ctx) -> bool:
         return ctx.target in VENDOR_SWAP
 
+    @classmethod
+    def may_match(cls, text: str, target: str) -> bool:
+        if target not in VENDOR_SWAP:
+            return False
+        src = VENDOR_SWAP[target][0]
+        return src in text or _BACKEND[target][0] in text
+
     def visit_Module(self, node: cst.Module) -> None:
         self.src, self.dst = VENDOR_SWAP[self.ctx.target]
         self.backend = _BACKEND[self.ctx.target]

@@ -17,6 +17,7 @@ __all__ = ["GradScalerRule"]
 
 class GradScalerRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "GradScaler"):
