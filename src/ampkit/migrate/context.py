@@ -27,9 +27,20 @@ class Context:
         self.module = wrapper.module
         self.target = target
         self.filename = filename
-        self._pos = wrapper.resolve(PositionProvider)
-        self._parents = wrapper.resolve(ParentNodeProvider)
-        self._qn = wrapper.resolve(QualifiedNameProvider)
+
+    # Resolved on first use: the scope analysis behind qualified names costs more than parsing,
+    # and a file that only the name-free rules look at never pays for it.
+    @cached_property
+    def _pos(self):
+        return self.wrapper.resolve(PositionProvider)
+
+    @cached_property
+    def _parents(self):
+        return self.wrapper.resolve(ParentNodeProvider)
+
+    @cached_property
+    def _qn(self):
+        return self.wrapper.resolve(QualifiedNameProvider)
 
     # metadata
     def line(self, node: cst.CSTNode) -> int:

@@ -73,9 +73,9 @@ def _parse(code: str, filename: str) -> cst.Module:
         return cst.parse_module(code)
     except SyntaxError as exc:
         raise SourceSyntaxError(f"{filename}:{exc.lineno}: does not parse ({exc.msg}); left untouched") from None
-    except cst.ParserSyntaxError as exc:
-        raise SourceSyntaxError(f"{filename}:{exc.raw_line}: does not parse ({exc.message}); left untouched") \
-            from None
+    except cst.ParserSyntaxError as exc:  # Python compiles it, libcst does not: a libcst limit
+        raise AmpkitError(f"{filename}:{exc.raw_line}: libcst cannot parse it ({exc.message}); Python "
+                          "can, so this is a libcst limit (deep nesting or newer syntax); left untouched") from None
 
 
 class _Apply(cst.CSTTransformer):

@@ -147,9 +147,9 @@ def _decode(data: bytes) -> _Source:
     return _Source(text[len(bom):] if text.startswith("\ufeff") else text, encoding, bom)
 
 
-def _migrate_file(path: str, target: str, select: frozenset[str] | None, precheck: bool) -> FileResult:
-    """Read, decode and migrate one file. Every failure becomes a one-line ``error``: one hostile
-    file (a parser limit, a recursion limit, memory) must not take down the run over a repository."""
+def _load(path: str, target: str, select: frozenset[str] | None, precheck: bool) -> FileResult | _Source:
+    """Read and decode one file; a :class:`FileResult` when that is all there is to it (an error,
+    or ``precheck`` found none of the rules' words), else the source to analyse."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -162,9 +162,16 @@ def _migrate_file(path: str, target: str, select: frozenset[str] | None, prechec
     except UnicodeDecodeError as exc:
         return FileResult(path, error=f"{path}: not valid {exc.encoding} (byte {exc.start}); skipped. If the "
                           "file uses another encoding, declare it on line 1: # -*- coding: NAME -*-")
-    original = src.bom + src.text
     if precheck and not may_match(src.text, target=target, select=select):
+        original = src.bom + src.text
         return FileResult(path, original, original, analysed=False, encoding=src.encoding)
+    return src
+
+
+def _analyse(path: str, src: _Source, target: str, select: frozenset[str] | None) -> FileResult:
+    """Migrate one decoded file. Every failure becomes a one-line ``error``: one hostile file (a
+    parser limit, a recursion limit, memory, a rule bug) must not take down a run over a repository."""
+    original = src.bom + src.text
     try:
         res = migrate_source(src.text, target=target, select=select, filename=path)
     except AmpkitError as exc:
@@ -190,14 +197,14 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_all(tasks: list[tuple[str, bool]], target: str, select: frozenset[str] | None,
+def _run_all(tasks: list[tuple[str, _Source]], target: str, select: frozenset[str] | None,
              jobs: int) -> list[FileResult]:
     if jobs <= 1 or len(tasks) <= 1:
-        return [_migrate_file(p, target, select, pre) for p, pre in tasks]
+        return [_analyse(p, src, target, select) for p, src in tasks]
     results: list[FileResult | None] = [None] * len(tasks)
     try:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = [pool.submit(_migrate_file, p, target, select, pre) for p, pre in tasks]
+            futures = [pool.submit(_analyse, p, src, target, select) for p, src in tasks]
             for i, fut in enumerate(futures):
                 results[i] = fut.result()
     except BrokenProcessPool:  # a worker died (a crash in native code); the finished files stand
@@ -227,15 +234,15 @@ def migrate_paths(paths: Iterable[str | os.PathLike], *, fix: bool = False, targ
     paths = list(paths)
     named = {str(p) for p in paths if Path(p).is_file()}  # named files are parsed whatever they say
     results: list[FileResult] = []
-    tasks: list[tuple[str, bool]] = []
+    tasks: list[tuple[str, _Source]] = []
     slots: list[int] = []
     for path, error in iter_python_files(paths):
-        if error is not None:
-            results.append(FileResult(path, error=f"{path}: {error}"))
-            continue
-        slots.append(len(results))
-        results.append(FileResult(path))
-        tasks.append((path, path not in named))
+        loaded = FileResult(path, error=f"{path}: {error}") if error is not None else \
+            _load(path, target, selected, precheck=path not in named)
+        if isinstance(loaded, _Source):
+            slots.append(len(results))
+            tasks.append((path, loaded))
+        results.append(loaded)
     for slot, res in zip(slots, _run_all(tasks, target, selected, jobs or default_jobs())):
         results[slot] = _write(res) if fix and res.changed and res.error is None else res
     return results

@@ -17,7 +17,13 @@ import libcst as cst
 from ampkit.migrate.context import Context
 from ampkit.migrate.findings import Finding
 
-__all__ = ["Rule", "Replacement"]
+__all__ = ["Rule", "Replacement", "OLD_AMP_TOKEN", "OLD_AMP_WORDS"]
+
+# Every way of reaching torch.{cuda,cpu,musa}.amp spells "<vendor>.amp" (torch.cuda.amp.X,
+# from torch.cuda.amp import X, import torch.cuda.amp as amp, cuda.amp.X) or imports `amp` from
+# torch.<vendor> (from torch.cuda import amp).
+OLD_AMP_WORDS = (("amp",), ("cuda", "cpu", "musa"))
+OLD_AMP_TOKEN = r"(?:cuda|cpu|musa)\s*\.\s*amp\b|from\s+torch\s*\.\s*(?:cuda|cpu|musa)\s+import\b"
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel]
 
@@ -28,10 +34,12 @@ class Rule(cst.CSTVisitor):
     #: finding codes the rule emits; ``--select`` runs a rule when one of them is selected.
     #: Rules with no code (``--target`` rewrites) always run.
     codes: ClassVar[tuple[str, ...]] = ()
-    #: regular expressions that must ALL occur in a file's text for the rule to find anything:
-    #: a cheap pre-check, so files that cannot match are never parsed. Keep them a superset of
-    #: what the visitor matches (a test checks each rule against its fixtures).
-    tokens: ClassVar[tuple[str, ...]] = ()
+    #: a cheap pre-check, so files that cannot match are never parsed: groups of words, and the
+    #: file's text must contain a word of EVERY group (plain substring tests, fast on megabytes).
+    #: Keep them a superset of what the visitor matches (a test runs each rule on its fixtures).
+    tokens: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    #: an optional regular expression that must also match, tried only when the words are there.
+    pattern: ClassVar[str | None] = None
 
     def __init__(self, ctx: Context) -> None:
         super().__init__()
@@ -47,7 +55,9 @@ class Rule(cst.CSTVisitor):
     @classmethod
     def may_match(cls, text: str, target: str) -> bool:
         """False when ``text`` lacks a token the rule needs: it cannot report or rewrite anything."""
-        return all(p.search(text) for p in _compiled(cls.tokens))
+        if not all(any(word in text for word in group) for group in cls.tokens):
+            return False
+        return cls.pattern is None or _compiled(cls.pattern).search(text) is not None
 
     def report(self, node: cst.CSTNode, code: str, message: str, fix: str, *, rewritten: bool = False) -> None:
         self.findings.append(Finding(code=code, message=message, path=self.ctx.filename,
@@ -58,5 +68,5 @@ class Rule(cst.CSTVisitor):
 
 
 @lru_cache(maxsize=None)
-def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)

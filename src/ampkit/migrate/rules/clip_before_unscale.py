@@ -20,7 +20,7 @@ _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
 
 class ClipBeforeUnscaleRule(Rule):
     codes = ("clip-before-unscale",)
-    tokens = (r"clip_grad_", r"\.scale\b")
+    tokens = (("clip_grad_",), (".scale",))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

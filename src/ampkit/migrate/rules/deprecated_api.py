@@ -9,7 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate.amp_refs import AmpRef
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["DeprecatedApiRule"]
 
@@ -24,7 +24,7 @@ _PUBLIC = "use the public torch.amp API: torch.amp.autocast, GradScaler, custom_
 
 class DeprecatedApiRule(Rule):
     codes = ("deprecated-amp-api",)
-    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         refs = self.ctx.amp_refs

@@ -10,14 +10,14 @@ import libcst as cst
 from ampkit.migrate._cst import expr, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["GradScalerRule"]
 
 
 class GradScalerRule(Rule):
     codes = ("deprecated-amp-api",)
-    tokens = (r"\bamp\b", r"\b(?:cuda|cpu|musa)\b")  # torch.<vendor>.amp in any import style
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "GradScaler"):

@@ -63,7 +63,7 @@ def _has_modulo(node: cst.CSTNode) -> bool:
 
 class HostSyncPerStepRule(Rule):
     codes = ("host-sync-per-step",)
-    tokens = (r"\.item\b|\bis(?:finite|nan|inf)\b", r"backward|\.step\b|scaler")
+    tokens = ((".item()", "isfinite(", "isnan(", "isinf("), (".backward(", ".step(", "scaler", "Scaler"))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

@@ -17,7 +17,7 @@ __all__ = ["ScalerWithBf16Rule"]
 
 class ScalerWithBf16Rule(Rule):
     codes = ("scaler-with-bf16",)
-    tokens = (r"GradScaler", r"autocast", r"bfloat16|\bcpu\b")
+    tokens = (("GradScaler",), ("autocast",), ("bfloat16", "cpu"))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

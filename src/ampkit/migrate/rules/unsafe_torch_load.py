@@ -17,7 +17,7 @@ __all__ = ["UnsafeTorchLoadRule"]
 
 class UnsafeTorchLoadRule(Rule):
     codes = ("unsafe-torch-load",)
-    tokens = (r"\btorch\b", r"\bload\b")
+    tokens = (("torch",), ("load",))
 
     def visit_Call(self, node: cst.Call) -> None:
         if "torch.load" not in self.ctx.qnames(node.func):
