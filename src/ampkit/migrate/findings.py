@@ -15,6 +15,7 @@ CODES: dict[str, str] = {
     "host-sync-per-step": "a host-device synchronisation (.item(), if torch.isfinite) every training step",
     "bce-under-autocast": "binary_cross_entropy / BCELoss is refused under autocast",
     "half-inside-autocast": "a manual .half() / float16 cast inside an autocast region",
+    "hard-coded-device": "a torch.amp call with the device hard-coded to one vendor and no device variable in reach",
 }
 
 

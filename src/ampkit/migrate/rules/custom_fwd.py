@@ -29,7 +29,7 @@ class CustomFwdRule(Rule):
         choice = self.ctx.devices.resolve(ref.node, ref.vendor)
         device_arg = keyword_arg("device_type", expr(choice.code))
         report_fallback(self, ref, choice, f"torch.amp.{ref.api}(device_type={choice.code})",
-                        f"@torch.amp.{ref.api}(device_type=DEVICE_TYPE)  # a module-level constant")
+                        f"@torch.amp.{ref.api}(device_type=DEVICE_TYPE)  # DEVICE_TYPE: a module-level constant")
 
         if ref.call is None:  # bare decorator: becomes a call
             def fix_bare(updated: cst.BaseExpression) -> cst.Call:

@@ -29,7 +29,7 @@ class DeprecatedApiRule(Rule):
     def visit_Module(self, node: cst.Module) -> bool:
         refs = self.ctx.amp_refs
         for ref in refs.refs:
-            if not ref.rewrite:
+            if not ref.rewrite and not ref.fallback:
                 self._report_ref(ref)
         for imp in refs.stuck_imports:
             self.report(imp, "deprecated-amp-api",
