@@ -201,5 +201,6 @@ def test_fp16_scaler_state_lives_in_the_engine_block():
     assert amp.scaler._scale.untyped_storage().data_ptr() == base
     assert amp.scaler._growth_tracker.untyped_storage().data_ptr() == base
     assert amp.scaler._growth_tracker.dtype == torch.int32
+    amp.update()  # the last step's scale update waits for the next backward (or update/stats/state_dict)
     assert amp.scaler.state_dict()["_growth_tracker"] == 3  # three good steps since the last backoff
     assert amp.stats()["scale"] == amp.scaler.get_scale() == 65536.0

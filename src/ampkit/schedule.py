@@ -1,0 +1,130 @@
+"""LR schedulers that do not advance on skipped steps, without a host read per step.
+
+A scheduler is a Python object: it can only be told "this step was skipped" on the host, and with a
+fused optimizer the skip flag lives on the device (reading it every step is the sync ampkit avoids).
+So, for the optimizers whose skips stay on the device, :class:`DeviceSchedule` turns the schedule into
+data the device can index:
+
+* The learning rate of every parameter group becomes a device tensor (a float ``lr`` is replaced by a
+  float64 tensor of the same value, which torch's fused kernels read bit for bit like the float).
+* The schedule is evaluated ahead on the host, in chunks (``CHUNK`` steps), by stepping the user's own
+  scheduler on stand-in learning rates and restoring it afterwards: ``table[p]`` holds every group's
+  learning rate after ``p`` applied steps. Any scheduler whose ``state_dict`` captures its state works
+  (LambdaLR, OneCycleLR, SequentialLR, chainable ones); ReduceLROnPlateau needs a metric and is refused.
+* Each step the device adds ``1 - skipped`` to its position and copies ``table[position]`` into the
+  learning rates: a skipped step leaves both unchanged, exactly as ``if not skipped: scheduler.step()``.
+* The scheduler object itself is brought to the true position (one host read) by :meth:`sync`, which
+  the engine calls in ``stats()``, ``state_dict()`` and ``sync_schedulers()``; between those its
+  ``last_epoch`` and ``get_last_lr()`` are stale, while the optimizer's learning rates are exact.
+
+Optimizers that skip on the host (non-fused) need no table: the engine already read the flag and steps
+the scheduler itself when the step was applied.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+
+from ampkit.errors import UsageError
+
+__all__ = ["DeviceSchedule", "check_scheduler", "CHUNK"]
+
+#: Schedule steps evaluated ahead per host extension of the table.
+CHUNK = 256
+
+
+def check_scheduler(scheduler: Any) -> None:
+    """UsageError unless ``scheduler`` is an LR scheduler that steps without arguments."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise UsageError("ReduceLROnPlateau steps on a metric, not per optimizer step: leave it out of "
+                         "amp.step(scheduler=...) and call scheduler.step(val_loss) after evaluating")
+    if not (callable(getattr(scheduler, "step", None)) and hasattr(scheduler, "optimizer")
+            and callable(getattr(scheduler, "state_dict", None))):
+        raise UsageError(f"scheduler= takes torch LR schedulers (torch.optim.lr_scheduler.*), got "
+                         f"{type(scheduler).__name__}")
+
+
+class DeviceSchedule:
+    """One scheduler driven by a device-side count of applied steps (see the module docstring)."""
+
+    def __init__(self, scheduler: Any, device: torch.device) -> None:
+        self.scheduler = scheduler
+        self.device = device
+        self.groups = scheduler.optimizer.param_groups
+        for group in self.groups:
+            lr = group["lr"]
+            if not isinstance(lr, torch.Tensor):  # a fill, not a host copy: no sync on an accelerator
+                group["lr"] = torch.full((), float(lr), dtype=torch.float64, device=device)
+            elif lr.device != device:
+                raise UsageError(f"a tensor learning rate on {lr.device} while training on {device}: "
+                                 f"make it with torch.tensor(lr, device={str(device)!r})")
+        self.lrs: list[torch.Tensor] = [g["lr"] for g in self.groups]
+        self.position = torch.zeros((), dtype=torch.int64, device=device)
+        # chunk start -> (scheduler state, learning rates) at that position; rows of every position so far
+        self._snapshots: dict[int, tuple[dict[str, Any], list[torch.Tensor]]] = {
+            0: (copy.deepcopy(scheduler.state_dict()), [t.detach().to("cpu", copy=True) for t in self.lrs])}
+        self.table = torch.tensor([[float(t) for t in self._snapshots[0][1]]], dtype=torch.float64,
+                                  device=device)
+        self._host_steps = 0  # steps taken: an upper bound of the device position
+        self.epoch = scheduler.last_epoch  # the live scheduler's position when ampkit last set it
+
+    @property
+    def stale(self) -> bool:
+        """True when someone else moved the scheduler (loaded a state, stepped it): rebuild."""
+        return self.scheduler.last_epoch != self.epoch or any(
+            g["lr"] is not t for g, t in zip(self.groups, self.lrs)) or len(self.groups) != len(self.lrs)
+
+    def after_step(self, found_inf: torch.Tensor) -> None:
+        """Advance by one applied step unless ``found_inf`` (device 0.0/1.0) says it was skipped."""
+        self._host_steps += 1
+        if self._host_steps >= self.table.shape[0]:
+            self._extend()
+        self.position.add_(1).sub_(found_inf.to(torch.int64))
+        rows = self.table.index_select(0, self.position.reshape(1))[0]
+        torch._foreach_copy_(self.lrs, list(rows.unbind()))
+
+    def sync(self) -> None:
+        """Put the scheduler object at the device's position (one host read)."""
+        pos = int(self.position)
+        start = max(s for s in self._snapshots if s <= pos)
+        state, lrs = self._snapshots[start]
+        self._simulate(state, lrs, pos - start, keep=True)
+        self.epoch = self.scheduler.last_epoch
+
+    def _extend(self) -> None:
+        start = self.table.shape[0] - 1
+        state, lrs = self._snapshots[start]
+        rows, end = self._simulate(state, lrs, CHUNK, keep=False)
+        self._snapshots[start + CHUNK] = end
+        new = torch.tensor(rows, dtype=torch.float64)
+        if self.device.type != "cpu":  # pinned + non_blocking: the upload does not wait for the device
+            new = new.pin_memory()
+        self.table = torch.cat([self.table, new.to(self.device, non_blocking=True)])
+
+    def _simulate(self, state: dict[str, Any], lrs: list[torch.Tensor], steps: int, *, keep: bool
+                  ) -> tuple[list[list[float]], tuple[dict[str, Any], list[torch.Tensor]]]:
+        """Step the scheduler ``steps`` times from ``state`` on host copies of the learning rates; record
+        every group's rate after each step. ``keep``: leave the scheduler there, else restore it."""
+        sched = self.scheduler
+        live = None if keep else copy.deepcopy(sched.state_dict())
+        rows: list[list[float]] = []
+        try:
+            sched.load_state_dict(copy.deepcopy(state))
+            for group, lr in zip(self.groups, lrs):
+                group["lr"] = lr.clone()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()": on purpose here
+                for _ in range(steps):
+                    sched.step()
+                    rows.append([float(g["lr"]) for g in self.groups])
+            end = (copy.deepcopy(sched.state_dict()), [g["lr"].clone() for g in self.groups])
+        finally:
+            if live is not None:
+                sched.load_state_dict(live)
+            for group, lr in zip(self.groups, self.lrs):
+                group["lr"] = lr
+        return rows, end
