@@ -329,21 +329,23 @@ class MixedPrecision:
 
     def _step_schedulers(self, schedulers: list[Any], found: torch.Tensor, host_skipped: bool | None) -> None:
         for sched in schedulers:
-            if not is_fused(sched.optimizer):
-                skipped = bool(found) if host_skipped is None else host_skipped
-                if not skipped:
-                    sched.step()
-                continue
             table = self._schedules.get(sched)
-            if table is None or table.stale:
+            if is_fused(sched.optimizer) and (table is None or table.stale):
                 table = self._schedules[sched] = DeviceSchedule(sched, found.device)
-            table.after_step(found)
+            if table is not None and not table.moves_other:
+                table.after_step(found)  # sync-free: the device indexes the precomputed schedule
+                continue
+            if host_skipped is None:
+                host_skipped = bool(found)  # the one host read of this step
+            if not host_skipped:
+                sched.step()
 
     def sync_schedulers(self) -> None:
         """Bring every scheduler driven on the device (fused optimizers) to its true position: its
         ``last_epoch``, ``get_last_lr()`` and ``state_dict()`` are then right. One host read."""
         for table in list(self._schedules.values()):
-            table.sync()
+            if not table.moves_other:
+                table.sync()
 
     # ------------------------------------------------------------------ counters
     def _count(self, found: torch.Tensor, norm: torch.Tensor) -> None:

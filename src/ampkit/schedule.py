@@ -13,6 +13,10 @@ data the device can index:
   (LambdaLR, OneCycleLR, SequentialLR, chainable ones); ReduceLROnPlateau needs a metric and is refused.
 * Each step the device adds ``1 - skipped`` to its position and copies ``table[position]`` into the
   learning rates: a skipped step leaves both unchanged, exactly as ``if not skipped: scheduler.step()``.
+* Schedules that also change other hyperparameters (``OneCycleLR`` / ``CyclicLR`` with
+  ``cycle_momentum=True``: momentum, betas) cannot be a table of learning rates: :attr:`moves_other`
+  says so and the engine steps those schedulers on the host, after one read of the skip flag per step
+  (pass ``cycle_momentum=False`` to keep the step free of host reads).
 * The scheduler object itself is brought to the true position (one host read) by :meth:`sync`, which
   the engine calls in ``stats()``, ``state_dict()`` and ``sync_schedulers()``; between those its
   ``last_epoch`` and ``get_last_lr()`` are stale, while the optimizer's learning rates are exact.
@@ -48,6 +52,11 @@ def check_scheduler(scheduler: Any) -> None:
                          f"{type(scheduler).__name__}")
 
 
+def _others(group: dict[str, Any]) -> dict[str, Any]:
+    """A group's scalar hyperparameters other than lr (what OneCycleLR / CyclicLR also cycle)."""
+    return {k: v for k, v in group.items() if k not in ("params", "lr") and isinstance(v, (int, float, tuple))}
+
+
 class DeviceSchedule:
     """One scheduler driven by a device-side count of applied steps (see the module docstring)."""
 
@@ -71,6 +80,9 @@ class DeviceSchedule:
                                   device=device)
         self._host_steps = 0  # steps taken: an upper bound of the device position
         self.epoch = scheduler.last_epoch  # the live scheduler's position when ampkit last set it
+        self.moves_other = False  # set when the schedule changes more than lr (momentum, betas)
+        self.exhausted = False  # the scheduler refused to step further ahead (e.g. OneCycleLR's total_steps)
+        self._extend()
 
     @property
     def stale(self) -> bool:
@@ -81,10 +93,13 @@ class DeviceSchedule:
     def after_step(self, found_inf: torch.Tensor) -> None:
         """Advance by one applied step unless ``found_inf`` (device 0.0/1.0) says it was skipped."""
         self._host_steps += 1
-        if self._host_steps >= self.table.shape[0]:
+        while self._host_steps >= self.table.shape[0] and not self.exhausted:
             self._extend()
         self.position.add_(1).sub_(found_inf.to(torch.int64))
-        rows = self.table.index_select(0, self.position.reshape(1))[0]
+        index = self.position.reshape(1)
+        if self.exhausted:  # past the end the last rate stays; sync() then raises the scheduler's own error
+            index = index.clamp(max=self.table.shape[0] - 1)
+        rows = self.table.index_select(0, index)[0]
         torch._foreach_copy_(self.lrs, list(rows.unbind()))
 
     def sync(self) -> None:
@@ -99,7 +114,10 @@ class DeviceSchedule:
         start = self.table.shape[0] - 1
         state, lrs = self._snapshots[start]
         rows, end = self._simulate(state, lrs, CHUNK, keep=False)
-        self._snapshots[start + CHUNK] = end
+        if not rows:
+            return
+        if not self.exhausted:  # a scheduler that raised mid-step is in no state to snapshot
+            self._snapshots[start + len(rows)] = end
         new = torch.tensor(rows, dtype=torch.float64)
         if self.device.type != "cpu":  # pinned + non_blocking: the upload does not wait for the device
             new = new.pin_memory()
@@ -112,6 +130,7 @@ class DeviceSchedule:
         sched = self.scheduler
         live = None if keep else copy.deepcopy(sched.state_dict())
         rows: list[list[float]] = []
+        others = [_others(g) for g in self.groups]
         try:
             sched.load_state_dict(copy.deepcopy(state))
             for group, lr in zip(self.groups, lrs):
@@ -119,12 +138,21 @@ class DeviceSchedule:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()": on purpose here
                 for _ in range(steps):
-                    sched.step()
+                    try:
+                        sched.step()
+                    except Exception:  # noqa: BLE001 - e.g. OneCycleLR past total_steps
+                        if keep:
+                            raise  # the true position is past the schedule's end: say so, as torch would
+                        self.exhausted = True  # the table ends here
+                        break
                     rows.append([float(g["lr"]) for g in self.groups])
+            self.moves_other |= others != [_others(g) for g in self.groups]
             end = (copy.deepcopy(sched.state_dict()), [g["lr"].clone() for g in self.groups])
         finally:
             if live is not None:
                 sched.load_state_dict(live)
+                for group, values in zip(self.groups, others):
+                    group.update(values)
             for group, lr in zip(self.groups, self.lrs):
                 group["lr"] = lr
         return rows, end
