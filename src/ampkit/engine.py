@@ -40,11 +40,13 @@ from torch import nn
 
 from ampkit import compat, step as _step
 from ampkit.config import AmpConfig
+from ampkit.counters import DeviceCounters
 from ampkit.device import Device, detect_device
 from ampkit.errors import AmpkitError, TrainingHalted, UsageError
 from ampkit.policy import Precision, apply_tf32, resolve_precision
-from ampkit.schedule import DeviceSchedule, check_scheduler
+from ampkit.schedule import Schedules
 from ampkit.step import is_fused
+from ampkit.windows import Windows
 
 __all__ = ["MixedPrecision", "is_fused"]
 
@@ -100,14 +102,11 @@ class MixedPrecision:
                                                   growth_interval=cfg.growth_interval)
         self.steps = 0  # optimizer steps taken (python int: no device read needed)
         self._micro = 0  # backward -> step cycles, micro-steps included
-        self._backwards = 0  # amp.backward calls: a step needs one since its optimizer's last step
         self._update_pending = False
-        # per optimizer: [cycles in the current accumulation window, self._backwards at its last step]
-        self._windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._window_start = 0  # window position of optimizers first seen after a load_state_dict
+        self._windows = Windows(self.accumulation_steps)
         self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> params checked
-        self._schedules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> DeviceSchedule
-        self._state: torch.Tensor | None = None
+        self._schedules = Schedules()
+        self._counters: DeviceCounters | None = None
         self._capturing = False
         self.graph = bool(graph)
         self.graph_fallback_reason: str | None = None  # set by graph_step when it runs eagerly
@@ -138,8 +137,7 @@ class MixedPrecision:
     @property
     def accumulating(self) -> bool:
         """True when the next :meth:`step` will be an accumulation micro-step (use DDP's ``no_sync``)."""
-        counts = [w[0] for w in self._windows.values()] or [self._window_start]
-        return (min(counts) + 1) % self.accumulation_steps != 0
+        return self._windows.accumulating
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled for FP16."""
@@ -153,12 +151,11 @@ class MixedPrecision:
         self.update()  # the previous step's scaler update, before this loss is scaled
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        if self._state is None:
-            self._new_state(loss.device)
+        self._device_counters(loss.device)
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
-        self._backwards += 1
+        self._windows.backwards += 1
 
     # ------------------------------------------------------------------ the step
     def step(self, *optimizers: torch.optim.Optimizer, scheduler: Any = None, zero_grad: bool = True,
@@ -180,12 +177,12 @@ class MixedPrecision:
             _step.check_optimizer(opt)
         if len({id(o) for o in optimizers}) != len(optimizers):
             raise UsageError("the same optimizer is given twice to amp.step: pass each once")
-        schedulers = self._schedulers(scheduler)
+        schedulers = Schedules.parse(scheduler)
         for opt in optimizers:
             self._check_weights(opt)
-        self._require_backward(optimizers)
+        self._windows.require_backward(optimizers)
         self._micro += 1
-        if not self._advance_windows(optimizers):
+        if not self._windows.advance(optimizers):
             return False
         self._apply_step(list(optimizers), schedulers, parameters)
         if zero_grad:
@@ -217,7 +214,7 @@ class MixedPrecision:
                 flag.copy_(found)
         host_skipped = _step.apply(with_grads, found)
         self._update_pending = self.scaler is not None
-        self._step_schedulers(schedulers, found, host_skipped)
+        self._schedules.after_step(schedulers, found, host_skipped)
         self._count(found, norm)
 
     def update(self) -> None:
@@ -261,15 +258,13 @@ class MixedPrecision:
         """Around the recording of a step into a device graph (:mod:`ampkit.graph`): the periodic host
         check is deferred (a host read cannot be captured), and if the block raises, the host-side
         counters and the scaler's per-optimizer records go back to what they were."""
-        saved = (self.steps, self._micro, self._backwards, self._update_pending,
-                 {opt: list(w) for opt, w in self._windows.items()})
+        saved = (self.steps, self._micro, self._update_pending, self._windows.snapshot())
         self._capturing = True
         try:
             yield
         except BaseException:
-            self.steps, self._micro, self._backwards, self._update_pending, windows = saved
-            self._windows.clear()
-            self._windows.update(windows)
+            self.steps, self._micro, self._update_pending, windows = saved
+            self._windows.restore(windows)
             if self.scaler is not None:
                 compat.forget_unscale(self.scaler)  # an unscale_ recorded during the failed capture
             raise
@@ -284,34 +279,6 @@ class MixedPrecision:
         self._periodic_check()
 
     # ------------------------------------------------------------------ step helpers
-    def _require_backward(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        if self._backwards == 0:
-            raise AmpkitError("amp.step before any amp.backward: call amp.backward(loss) first (not "
-                              "loss.backward(), which skips loss scaling and accumulation)")
-        for opt in optimizers:
-            window = self._windows.get(opt)
-            if window is not None and window[1] == self._backwards:
-                raise AmpkitError(f"amp.step({type(opt).__name__}) twice on one amp.backward: each step needs "
-                                  "its own amp.backward(loss) (not loss.backward()); to step several optimizers "
-                                  "on one backward, step each once: amp.step(opt_a, opt_b)")
-
-    def _advance_windows(self, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
-        """Count one backward -> step cycle for each optimizer; True when their window is complete."""
-        done = set()
-        for opt in optimizers:
-            window = self._windows.setdefault(opt, [self._window_start, 0])
-            window[0] += 1
-            window[1] = self._backwards
-            done.add(window[0] % self.accumulation_steps == 0)
-        if len(done) > 1:
-            raise AmpkitError("these optimizers are at different points of their accumulation windows: step "
-                              "optimizers that share a backward together, always (amp.step(opt_a, opt_b))")
-        if not done.pop():
-            return False
-        for opt in optimizers:
-            self._windows[opt][0] = 0
-        return True
-
     def _check_weights(self, optimizer: torch.optim.Optimizer) -> None:
         params = _step.params_of([optimizer])
         if self._checked.get(optimizer) == len(params):
@@ -319,51 +286,26 @@ class MixedPrecision:
         _step.check_weights(params, self.precision.name, self.scaler is not None)
         self._checked[optimizer] = len(params)
 
-    def _schedulers(self, scheduler: Any) -> list[Any]:
-        if scheduler is None:
-            return []
-        items = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
-        for s in items:
-            check_scheduler(s)
-        return items
-
-    def _step_schedulers(self, schedulers: list[Any], found: torch.Tensor, host_skipped: bool | None) -> None:
-        for sched in schedulers:
-            table = self._schedules.get(sched)
-            if is_fused(sched.optimizer) and (table is None or table.stale):
-                table = self._schedules[sched] = DeviceSchedule(sched, found.device)
-            if table is not None and not table.moves_other:
-                table.after_step(found)  # sync-free: the device indexes the precomputed schedule
-                continue
-            if host_skipped is None:
-                host_skipped = bool(found)  # the one host read of this step
-            if not host_skipped:
-                sched.step()
-
     def sync_schedulers(self) -> None:
         """Bring every scheduler driven on the device (fused optimizers) to its true position: its
         ``last_epoch``, ``get_last_lr()`` and ``state_dict()`` are then right. One host read."""
-        for table in list(self._schedules.values()):
-            if not table.moves_other:
-                table.sync()
+        self._schedules.sync()
 
     # ------------------------------------------------------------------ counters
+    def _device_counters(self, device: torch.device) -> DeviceCounters:
+        if self._counters is None:
+            self._counters = DeviceCounters(device, self.scaler)
+        return self._counters
+
     def _count(self, found: torch.Tensor, norm: torch.Tensor) -> None:
         self.steps += 1
-        if self._state is None:
-            self._new_state(found.device)
-        skipped, consec, max_consec, last_norm, last, one = self._views
-        torch._foreach_add_([skipped, consec], [found, one])
-        consec.mul_(found)
-        torch.maximum(max_consec, consec, out=max_consec)
-        torch._foreach_copy_([last_norm, last], [norm.detach().float(), found])
+        self._device_counters(found.device).count(found, norm)
         self._periodic_check()
 
     def _periodic_check(self) -> None:
         every = self.config.check_every
-        if every is not None and self.steps % every == 0 and self._state is not None and not self._capturing:
-            self._halt_if_limit(float(self._state[2]))  # the one host read every `every` steps
-            self._state[2].copy_(self._state[1])
+        if every is not None and self.steps % every == 0 and self._counters is not None and not self._capturing:
+            self._halt_if_limit(self._counters.read_max_consecutive())  # one host read every `every` steps
 
     def _halt_if_limit(self, max_consec: float, scale: float | None = None) -> None:
         limit = self.max_consecutive_skips
@@ -376,32 +318,11 @@ class MixedPrecision:
             + ("(and try --precision bf16 where the card has it, or a lower learning rate)"
                if self.precision.use_scaler else "(and try a lower learning rate or --precision fp32)"))
 
-    def _new_state(self, device: torch.device) -> None:
-        # One allocation for everything the engine keeps on the device:
-        #   0 skipped, 1 consecutive skips, 2 max consecutive since the last read, 3 last grad norm,
-        #   4 last skipped, 5 the constant 1.0 (so the update needs no other tensor),
-        #   6 the FP16 loss scale, 7 the scaler's growth tracker (int32 bits).
-        self._state = torch.zeros(8, dtype=torch.float32, device=device)
-        self._state[5] = 1.0
-        self._views = self._state[:6].unbind()  # made once: no per-step indexing
-        scaler = self.scaler
-        if scaler is not None and compat.scaler_tensors(scaler)[0] is None:
-            # GradScaler makes its scale and growth tracker lazily, as two more one-element tensors (two
-            # more allocator blocks). Handing it views of this block keeps FP16 training from allocating
-            # anything a hand-written loop would not.
-            init_scale, init_tracker = compat.scaler_init_values(scaler)
-            self._state[6] = init_scale
-            tracker = self._state[7:8].view(torch.int32)
-            tracker.fill_(init_tracker)
-            compat.adopt_scaler_tensors(scaler, self._state[6], tracker[0])
-
     @property
     def last_skipped(self) -> torch.Tensor:
         """The last step's skip flag as a device tensor (1.0 skipped, 0.0 applied), read without a sync.
         It is a view the next step overwrites: ``.clone()`` it to keep it."""
-        if self._state is None:
-            self._new_state(self.device.torch_device)
-        return self._views[4]
+        return self._device_counters(self.device.torch_device).last_skipped
 
     # ------------------------------------------------------------------ graphs
     def graph_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, example_batch: Any,
@@ -445,20 +366,16 @@ class MixedPrecision:
         self.update()
         self.sync_schedulers()
         scale_t = compat.scaler_tensors(self.scaler)[0] if self.scaler is not None else None
-        if self._state is None:
+        if self._counters is None:
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
             return {"steps": self.steps, "skipped": 0, "consecutive_skips": 0, "scale": float(scale),
                     "grad_norm": None, "last_skipped": False}
-        parts = [self._state[:5].to(torch.float64)]
-        if scale_t is not None:
-            parts.append(scale_t.to(self._state.device, torch.float64).reshape(1))
-        values = torch.cat(parts).tolist()  # the one device -> host transfer
+        values = self._counters.read(scale_t)  # the one device -> host transfer
         skipped, consec, max_consec, norm, last = values[:5]
         if len(values) > 5:
             scale = values[5]
         else:  # no scaler, or one restored from a checkpoint and not yet used (no device tensor yet)
             scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
-        self._state[2].copy_(self._state[1])
         self._halt_if_limit(max_consec, scale)
         return {"steps": self.steps, "skipped": int(skipped), "consecutive_skips": int(consec), "scale": scale,
                 "grad_norm": norm, "last_skipped": bool(last)}
@@ -467,8 +384,7 @@ class MixedPrecision:
     def accumulation_pending(self) -> int:
         """Backward -> step cycles accumulated and not yet stepped (0 on a window boundary: the moment a
         checkpoint can be exact, since partial gradients are not saved)."""
-        counts = [w[0] for w in self._windows.values()] or [self._window_start]
-        return max(counts)
+        return self._windows.pending
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: precision, scaler state, counters (loads with weights_only).
@@ -482,7 +398,7 @@ class MixedPrecision:
             "micro": self._micro,
             "window": self.accumulation_pending,
             # [skipped, consecutive, max_consecutive] as int64, the format since ampkit 0.1
-            "counters": None if self._state is None else self._state[:3].detach().to("cpu", torch.int64),
+            "counters": None if self._counters is None else self._counters.to_saved(),
             "config": self.config.to_dict(),
         }
 
@@ -492,14 +408,13 @@ class MixedPrecision:
         saved = state.get("precision")
         self.steps = int(state.get("steps", 0))
         self._micro = int(state.get("micro", self.steps * self.accumulation_steps))
-        self._window_start = int(state.get("window", self._micro % self.accumulation_steps))
-        self._windows.clear()
+        self._windows.reset(int(state.get("window", self._micro % self.accumulation_steps)))
         self._schedules.clear()
         self._update_pending = False
         counters = state.get("counters")
         if counters is not None:
-            self._new_state(self.device.torch_device)
-            self._state[:3].copy_(counters.to(self.device.torch_device, torch.float32))
+            self._counters = DeviceCounters(self.device.torch_device, self.scaler)
+            self._counters.load_saved(counters)
         scaler_state = state.get("scaler")
         if self.scaler is not None:
             if scaler_state:

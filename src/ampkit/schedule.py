@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 from typing import Any
 
 import torch
 
 from ampkit.errors import UsageError
+from ampkit.step import is_fused
 
-__all__ = ["DeviceSchedule", "check_scheduler", "CHUNK"]
+__all__ = ["Schedules", "DeviceSchedule", "check_scheduler", "CHUNK"]
 
 #: Schedule steps evaluated ahead per host extension of the table.
 CHUNK = 256
@@ -156,3 +158,45 @@ class DeviceSchedule:
             for group, lr in zip(self.groups, self.lrs):
                 group["lr"] = lr
         return rows, end
+
+
+class Schedules:
+    """The schedulers an engine has stepped: device-driven ones keep their :class:`DeviceSchedule`."""
+
+    def __init__(self) -> None:
+        self._tables: "weakref.WeakKeyDictionary[Any, DeviceSchedule]" = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def parse(scheduler: Any) -> list[Any]:
+        """``scheduler=`` as a list (None, one scheduler, or a list/tuple of them), each checked."""
+        if scheduler is None:
+            return []
+        items = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
+        for item in items:
+            check_scheduler(item)
+        return items
+
+    def after_step(self, schedulers: list[Any], found: torch.Tensor, host_skipped: bool | None) -> None:
+        """Advance each scheduler unless the step was skipped: on the device where its optimizer is fused
+        (and the schedule is only learning rates), else on the host (reading ``found`` once if the step
+        did not already)."""
+        for sched in schedulers:
+            table = self._tables.get(sched)
+            if is_fused(sched.optimizer) and (table is None or table.stale):
+                table = self._tables[sched] = DeviceSchedule(sched, found.device)
+            if table is not None and not table.moves_other:
+                table.after_step(found)  # sync-free: the device indexes the precomputed schedule
+                continue
+            if host_skipped is None:
+                host_skipped = bool(found)  # the one host read of this step
+            if not host_skipped:
+                sched.step()
+
+    def sync(self) -> None:
+        """Bring every device-driven scheduler to its true position (one host read each)."""
+        for table in list(self._tables.values()):
+            if not table.moves_other:
+                table.sync()
+
+    def clear(self) -> None:
+        self._tables.clear()
