@@ -194,8 +194,9 @@ def _some(keys: list[str], n: int = 3) -> str:
 
 
 # ---------------------------------------------------------------------------- what weights_only loads
-# Exactly the types torch.load(weights_only=True) rebuilds (tests/test_checkpoint.py checks the agreement
-# value by value). Anything else is refused at save time, naming the key.
+# The types torch.load(weights_only=True) rebuilds (tests/test_checkpoint.py checks the agreement value by
+# value), less tensor subclasses: it loads FSDP2's DTensor shards, but a one-file checkpoint of shards does not
+# load into a plain model, so they are refused too. Anything else is refused at save time, naming the key.
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Size, torch.dtype, torch.device,
           torch.layout, torch.qscheme, torch.Tensor, nn.Parameter)
 _SEQUENCES = (list, tuple, set)
@@ -218,9 +219,12 @@ def check_loadable(value: Any, where: str) -> None:
             check_loadable(item, f"{where}[{_fmt(key)}]")
         return
     what = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    hint = ("a sharded tensor: save sharded (FSDP2) models with `ampkit train --strategy fsdp` checkpoints (DCP)"
-            if isinstance(value, torch.Tensor) else
-            "keep only tensors and plain python values (int, float, str, bool, None, list, tuple, dict) there")
+    if kind.__name__ == "DTensor":
+        hint = "a sharded (FSDP2) tensor: save sharded models in the DCP format (ampkit train --strategy fsdp)"
+    elif isinstance(value, torch.Tensor):
+        hint = "a tensor subclass: save a plain tensor there (e.g. t.detach().clone().as_subclass(torch.Tensor))"
+    else:
+        hint = "keep only tensors and plain python values (int, float, str, bool, None, list, tuple, dict) there"
     raise CheckpointError(f"{where}: {what} is not loadable with weights_only=True: {hint}")
 
 
