@@ -257,7 +257,7 @@ def _check_window(amp: Any, step: int) -> None:
         raise CheckpointError(
             f"step {step}: saved in the middle of an accumulation window ({micro % window} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
-            f"amp.step() that updates the weights (when amp.accumulating is False)")
+            f"amp.step() call that ends a window (one in every {window} calls)")
 
 
 def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Optimizers, amp: Any | None = None,
