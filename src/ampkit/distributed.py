@@ -327,7 +327,7 @@ class RunCheckpoints:
                 except CheckpointError as exc:
                     notes.append(f"skipped unreadable checkpoint: {exc}")
                     continue
-                notes += restore(state, model=unwrap(model), optimizer=optimizer, amp=amp, device=device)
+                notes += restore(state, model=unwrap(model), optimizer=optimizer, amp=amp, device=device).notes
                 return int(state["step"]), path, notes
             try:
                 meta = _load_meta(path / "ampkit.pt", device)

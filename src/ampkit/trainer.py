@@ -250,7 +250,7 @@ def _train(config: TrainConfig, ctx: dist_mod.DistContext | None, device: Device
         if found.state is None:
             notes.append(f"no checkpoint in {ckpts.folder}: starting from scratch")
         else:
-            notes += restore(found.state, model=model, optimizer=optimizer, amp=amp, device=device)
+            notes += restore(found.state, model=model, optimizer=optimizer, amp=amp, device=device).notes
             start, resumed_from = int(found.state["step"]), str(found.path)
             notes.append(f"resumed from {found.path} at step {start}")
     emit = (progress if main else None) or (lambda record: None)
