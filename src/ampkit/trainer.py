@@ -161,6 +161,9 @@ def _train(run: Run, progress: Progress | None) -> TrainResult:
         done = train_loop(run, start, sink, stop)
     finally:
         sink.close()
+    if done.interrupted_by and run.ctx is not None:
+        # torchrun ends the other ranks as soon as one exits with the stop code: let every rank finish first.
+        run.ctx.barrier()
     metrics = evaluate(run) if run.config.evaluate and not done.interrupted_by else {}
     final_stats = run.amp.stats() if run.amp.steps else {"skipped": 0}
     return TrainResult(

@@ -11,6 +11,8 @@ per --out (the marker file ``.faults-killed`` remembers it).
 FAULTS_DUMP=DIR: every rank writes ``DIR/rank<R>.json`` with what it ended with.
 FAULTS_MARK_AT=K: rank 0 writes ``<out>/.faults-step-<K>`` after step K (a test waits for it to signal).
 FAULTS_SLOW=S: every rank sleeps S seconds after each step (so that a signal lands mid-run).
+FAULTS_SIGNAL_AT=K (+ FAULTS_SIGNAL_RANK, default 1, FAULTS_SIGNAL, default SIGUSR1): that rank sends
+itself the signal after step K (only that rank: the others learn of it through the stop agreement).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import ampkit
 
 class Faults(ampkit.Callback):
     def __init__(self, *, inf_at: int | None = None, inf_rank: int | None = None, kill_at: int | None = None,
-                 kill_rank: int = 1, dump: str | None = None, mark_at: int | None = None, slow: float = 0.0):
+                 kill_rank: int = 1, dump: str | None = None, mark_at: int | None = None, slow: float = 0.0,
+                 signal_at: int | None = None, signal_rank: int = 1, signal_name: str = "SIGUSR1"):
+        self.signal_at, self.signal_rank, self.signal = signal_at, signal_rank, signal.Signals[signal_name]
         self.inf_at, self.inf_rank = inf_at, inf_rank
         self.kill_at, self.kill_rank = kill_at, kill_rank
         self.dump, self.mark_at, self.slow = dump, mark_at, slow
@@ -48,6 +52,8 @@ class Faults(ampkit.Callback):
     def after_step(self, state):
         if self.slow:
             time.sleep(self.slow)
+        if self.signal_at == state.step and state.rank == self.signal_rank:
+            os.kill(os.getpid(), self.signal)
         if self.mark_at == state.step and state.rank == 0 and state.out is not None:
             (state.out / f".faults-step-{state.step}").write_text("")
         if self.kill_at == state.step and state.rank == self.kill_rank and state.out is not None:
@@ -78,7 +84,9 @@ def _int(name: str) -> int | None:
 def make() -> Faults:
     return Faults(inf_at=_int("FAULTS_INF_AT"), inf_rank=_int("FAULTS_INF_RANK"), kill_at=_int("FAULTS_KILL_AT"),
                   kill_rank=1 if _int("FAULTS_KILL_RANK") is None else _int("FAULTS_KILL_RANK"), dump=os.environ.get("FAULTS_DUMP") or None,
-                  mark_at=_int("FAULTS_MARK_AT"), slow=float(os.environ.get("FAULTS_SLOW") or 0))
+                  mark_at=_int("FAULTS_MARK_AT"), slow=float(os.environ.get("FAULTS_SLOW") or 0),
+                  signal_at=_int("FAULTS_SIGNAL_AT"), signal_rank=1 if _int("FAULTS_SIGNAL_RANK") is None
+                  else _int("FAULTS_SIGNAL_RANK"), signal_name=os.environ.get("FAULTS_SIGNAL") or "SIGUSR1")
 
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults.py") + ":make"

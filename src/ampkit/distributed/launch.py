@@ -53,11 +53,12 @@ def run_torchrun(args: list[str]) -> int:
     except SignalException as exc:
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
-        codes = {f.exitcode for f in exc.failures.values()}
-        if len(codes) == 1 and next(iter(codes)) > 128:  # every rank stopped on the same signal, after saving
-            return next(iter(codes))
         rank, failure = exc.get_first_failure()
         code = failure.exitcode
+        if code > 128:
+            # The ranks agreed on a stop signal that torchrun did not see (sent to the workers only) and
+            # saved their checkpoint; the first to exit made torchrun end the others.
+            return code
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise AmpkitError(f"rank {rank} {how} (its error is in the output above); the job stopped") from exc
     return 0

@@ -39,6 +39,12 @@ def _step(run: Run) -> None:
         run.scheduler.step()
 
 
+def _lr(optimizer: torch.optim.Optimizer) -> float | None:
+    """The first parameter group's learning rate (a tensor lr is read here, on a log step)."""
+    lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+    return float(lr) if lr is not None else None
+
+
 def _save(run: Run, step: int) -> None:
     run.ckpts.save(step=step, model=run.model, optimizer=run.optimizer, amp=run.amp, device=run.device,
                    scheduler=run.scheduler, extra={"task": run.task.name, "seed": run.config.seed})
@@ -75,6 +81,7 @@ def train_loop(run: Run, start: int, sink: MetricsSink, stop: StopRequest) -> Lo
             if step % cfg.log_every == 0 or step == run.total or stopping:
                 record = log_record(amp, window, step, samples_per_step, run.device.max_memory_allocated(), reduce)
                 record["precision"] = run.precision.name
+                record["lr"] = _lr(run.optimizer)
                 window.reset()
                 sink.add(record)
             if run.ckpts is not None and ((cfg.ckpt_every and step % cfg.ckpt_every == 0) or stopping):
