@@ -130,7 +130,7 @@ class DeviceTargetRule(Rule):
         # torch.cuda.synchronize -> torch.musa.synchronize
         inner = node.value
         if not (isinstance(inner, cst.Attribute) and inner.attr.value == self.src
-                and "torch" in self.ctx.qnames(inner.value)):
+                and self.ctx.is_torch(inner.value)):
             return
         if node.attr.value in TWINS:
             self._moved = True
@@ -143,7 +143,7 @@ class DeviceTargetRule(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == self.src) \
-                or "torch" in self.ctx.qnames(func.value):
+                or self.ctx.is_torch(func.value):
             return
         positional = [a for a in node.args if a.keyword is None]
         device = self.ctx.literal(self.dst)
