@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
 
@@ -26,6 +26,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.fixes import keep_fp32_fix
+from ampkit.diagnose.opwatch import OpFlag
 from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
 
 __all__ = ["NonFiniteLocator", "OpHit", "first_nonfinite_op", "FP16_MAX"]
@@ -114,10 +116,12 @@ class NonFiniteLocator:
     def __init__(self, tracker: ModuleTracker, paused: Callable[[], contextlib.AbstractContextManager]) -> None:
         self.tracker = tracker
         self._paused = paused
+        self.scale_pending: dict[str, str] = {}  # FP16 keep-in-FP32 fix text -> module, until the scale is known
         self.calls: list[_Call] = []
         self.events: list[_GradEvent] = []
         self._roots_called: set[int] = set()
         self.done = False  # after the first finding, later non-finite values are its consequences
+        self.absorbed = False  # an overflow-absorbed finding was made (reported once per run)
 
     # ------------------------------------------------------------------ recording
     def before_root(self, module: torch.nn.Module) -> bool:
@@ -126,12 +130,13 @@ class NonFiniteLocator:
         self._roots_called.add(id(module))
         return again and bool(self.calls or self.events)
 
-    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, where: str, step: int) -> None:
+    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, where: str,
+               step: int) -> _Call | None:
         if self.done:
-            return
+            return None
         outs = tensor_leaves(output)
         if not outs:
-            return
+            return None
         ins = tensor_leaves((args, kwargs))
         dev = outs[0].device
         with torch.no_grad():
@@ -149,6 +154,7 @@ class NonFiniteLocator:
             for t in ins:
                 if t.requires_grad:
                     t.register_hook(partial(self._grad_hook, call, "in"))
+        return call
 
     def _grad_hook(self, call: _Call, kind: str, grad: torch.Tensor) -> None:
         if grad is None or not grad.is_floating_point():
@@ -164,21 +170,36 @@ class NonFiniteLocator:
         self._roots_called.clear()
 
     # ------------------------------------------------------------------ reading
-    def flush(self, *, report_backward: bool = True) -> list[Finding]:
+    def flush(self, *, report_backward: bool = True, op_flags: list[OpFlag] | None = None) -> list[Finding]:
         """Read this step's flags (one transfer per device) and return at most one forward and one
         backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss:
-        inf gradients are then its business (see ``scale-collapse``)."""
+        inf gradients are then its business (see ``scale-collapse``). ``op_flags`` are the op
+        watch's FP16/BF16 op outputs of the step (``overflow-absorbed``)."""
         calls, events = self.calls, self.events
+        op_flags = op_flags or []
         self.calls, self.events = [], []
         self._roots_called.clear()
         findings: list[Finding] = []
-        if calls:
-            flags = _read([c.flags for c in calls])
+        if calls or op_flags:
+            flags = _read([c.flags for c in calls] + [f.ok for f in op_flags])
+            flags, ops_ok = flags[:len(calls)], flags[len(calls):]
             bad = next((i for i, f in enumerate(flags) if not f[1]), None)
+            op_bad = next((i for i, ok in enumerate(ops_ok) if not ok and op_flags[i].frame.call is not None), None)
             if bad is not None:
-                findings.append(self._forward_finding(calls[bad], bool(flags[bad][0])))
+                call, inputs_ok = calls[bad], bool(flags[bad][0])
+                if not inputs_ok and op_bad is not None:
+                    # The value went bad in functional code between submodules (e.g. the scores of an
+                    # attention block): the op watch names the module whose own forward ran that op.
+                    origin = op_flags[op_bad].frame.call
+                    at = next((i for i, c in enumerate(calls) if c is origin), None)
+                    if at is not None and flags[at][0]:
+                        call, inputs_ok = origin, True
+                findings.append(self._forward_finding(call, inputs_ok))
                 self.done = True
                 return findings
+            if op_bad is not None and not self.absorbed:
+                findings.append(self._absorbed_finding(op_flags[op_bad]))
+                self.absorbed = True
         if events and report_backward:
             oks = _read([e.ok for e in events])
             bad = next((i for i, ok in enumerate(oks) if not ok), None)
@@ -214,9 +235,22 @@ class NonFiniteLocator:
             code="nonfinite-forward",
             message=f"the output of {who} became inf/NaN{region}{detail}",
             where=self._where(call),
-            fix=f"keep `{name}` in FP32: `with torch.autocast({dt!r}, enabled=False): y = module(x.float())`; "
-                "or scale down its weights/inputs, or use BF16 where the card has it (`ampkit doctor`)",
-            step=call.step)
+            fix=_keep_fp32(self, call), step=call.step)
+
+    def _absorbed_finding(self, flag: OpFlag) -> Finding:
+        call = flag.frame.call
+        who = self.tracker.describe(call.module)
+        hit = self._rerun(call, backward=False)
+        dt, enabled, dtype = call.autocast
+        region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
+        op = hit.describe() if hit else f"`{flag.op}` ({str(flag.dtype).replace('torch.', '')})"
+        return Finding(
+            code="overflow-absorbed",
+            message=f"an op inside {who}{region} produced inf/NaN while the module's output stayed finite: "
+                    f"{op}. A later op absorbed it (e.g. `x / inf` = 0), so the loss looks normal, the "
+                    "GradScaler never skips, and the result is silently wrong",
+            where=self._where(call),
+            fix=_keep_fp32(self, call, measure_scale=True), step=call.step)
 
     def _backward_finding(self, event: _GradEvent) -> Finding:
         call = event.call
@@ -233,6 +267,13 @@ class NonFiniteLocator:
             code="nonfinite-backward",
             message=f"the backward of {who} turned finite gradients into inf/NaN{detail}",
             where=self._where(call), fix=fix_for("nonfinite-backward"), step=call.step)
+
+    def complete_fixes(self, findings: list[Finding], init_scale: float | None) -> list[Finding]:
+        """The FP16 keep-in-FP32 fixes with the initial loss scale the run showed (None: not known)."""
+        if init_scale is None:
+            return findings
+        return [replace(f, fix=keep_fp32_fix(self.scale_pending[f.fix], init_scale)) if f.fix in self.scale_pending
+                else f for f in findings]
 
     # ------------------------------------------------------------------ re-running one module
     def _rerun(self, call: _Call, *, backward: bool) -> OpHit | None:
@@ -261,6 +302,19 @@ class NonFiniteLocator:
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+
+
+def _keep_fp32(locator: NonFiniteLocator, call: _Call, *, measure_scale: bool = False) -> str:
+    """The fix naming the module. With FP16 and ``measure_scale`` (the forward stays finite, so the
+    run's gradients and GradScaler mean something), :meth:`NonFiniteLocator.complete_fixes` adds the
+    initial loss scale at the end of the run; otherwise the fix points to ``--fp16-range`` for it."""
+    _, enabled, dtype = call.autocast
+    fp16 = dtype == torch.float16 if enabled else any(p.dtype == torch.float16 for p in call.module.parameters())
+    name = locator.tracker.relative_name(call.module)
+    fix = keep_fp32_fix(name, None, fp16=fp16)
+    if fp16 and measure_scale:
+        locator.scale_pending[fix] = name
+    return fix
 
 
 def _producer(events: list[_GradEvent], oks: list[bool], first_bad: int) -> int:
@@ -292,13 +346,17 @@ def _detach(obj, *, requires_grad: bool):
 
 
 def _read(flags: list[torch.Tensor]) -> list:
-    """Read many small device tensors with one transfer per device, keeping their order."""
+    """Read many small device tensors with one transfer per device, keeping their order (a 0-d flag
+    reads as a bool, a 1-d one as a list)."""
     by_dev: dict[torch.device, list[int]] = {}
     for i, f in enumerate(flags):
         by_dev.setdefault(f.device, []).append(i)
     out: list = [None] * len(flags)
     for idx in by_dev.values():
-        values = torch.stack([flags[i] for i in idx]).cpu().tolist()
-        for i, v in zip(idx, values):
-            out[i] = v
+        values = torch.cat([flags[i].reshape(-1) for i in idx]).cpu().tolist()
+        pos = 0
+        for i in idx:
+            n = flags[i].numel()
+            out[i] = values[pos] if flags[i].dim() == 0 else values[pos:pos + n]
+            pos += n
     return out

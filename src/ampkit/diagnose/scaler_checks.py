@@ -194,6 +194,23 @@ class ScalerChecks:
 
         return update
 
+    def settled_scale(self) -> float | None:
+        """The scale of an enabled GradScaler that has updated at least once (None: no such scaler)."""
+        for scaler, st in self._enabled_scalers():
+            if st.updates:
+                with self.inst.paused():
+                    return float(scaler.get_scale())
+        return None
+
+    def pending_scale(self) -> float:
+        """The factor the current gradients carry: an enabled scaler's scale when it scaled this step's
+        loss and has not unscaled yet, else 1."""
+        for scaler, st in self._enabled_scalers():
+            if st.scaled_pending and not st.unscaled:
+                with self.inst.paused():
+                    return float(scaler.get_scale())
+        return 1.0
+
     def _enabled_scalers(self) -> list[tuple[Any, _ScalerState]]:
         return [(s, st) for s, st in list(self._scalers.items()) if s.is_enabled()]
 

@@ -16,7 +16,7 @@ from types import FrameType
 
 import torch
 
-__all__ = ["UserCode", "ModuleTracker", "tensor_leaves"]
+__all__ = ["UserCode", "ModuleTracker", "tensor_leaves", "strip_compile_prefix"]
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _AMPKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -91,6 +91,11 @@ def _short(path: str) -> str:
     return rel if len(rel) < len(path) and not rel.startswith(".." + os.sep + "..") else path
 
 
+def strip_compile_prefix(name: str) -> str:
+    """``_orig_mod.encoder.2`` -> ``encoder.2``: the wrapper ``torch.compile`` adds is not the user's name."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
 class ModuleTracker:
     """Dotted paths for modules and parameters, learned from the roots seen at forward time.
 
@@ -102,6 +107,8 @@ class ModuleTracker:
         self.user = user
         self.depth = 0
         self._names: dict[int, tuple[weakref.ref, str]] = {}
+        self._rel: dict[int, tuple[weakref.ref, str]] = {}
+        self._by_full: dict[str, str] = {}
         self._params: dict[int, tuple[weakref.ref, str]] = {}
         self._roots: list[weakref.ref] = []
 
@@ -122,6 +129,18 @@ class ModuleTracker:
     def name(self, module: torch.nn.Module) -> str:
         name = self._lookup(self._names, module)
         return name if name is not None else f"<{type(module).__name__}>"
+
+    def relative(self, full_name: str) -> str:
+        """``model.encoder.2`` -> ``encoder.2`` for a name this tracker gave out (else unchanged)."""
+        return self._by_full.get(full_name, full_name)
+
+    def relative_name(self, module: torch.nn.Module) -> str:
+        """The module's qualified name inside its root model (what ``named_modules`` and
+        ``fp32_modules`` call it: ``encoder.2``), or the full name for a root."""
+        hit = self._rel.get(id(module))
+        if hit is not None and hit[0]() is module:
+            return hit[1]
+        return self.name(module)
 
     def param_name(self, param: torch.Tensor) -> str:
         name = self._lookup(self._params, param)
@@ -146,11 +165,15 @@ class ModuleTracker:
         base = name or self._variable_name(root) or type(root).__name__
         self._roots.append(weakref.ref(root))
         for name, sub in root.named_modules():
+            name = strip_compile_prefix(name)
             if self._lookup(self._names, sub) is None:
                 self._names[id(sub)] = (weakref.ref(sub), f"{base}.{name}" if name else base)
+                if name:
+                    self._rel[id(sub)] = (weakref.ref(sub), name)
+                    self._by_full[f"{base}.{name}"] = name
         for name, p in root.named_parameters():
             if self._lookup(self._params, p) is None:
-                self._params[id(p)] = (weakref.ref(p), f"{base}.{name}")
+                self._params[id(p)] = (weakref.ref(p), f"{base}.{strip_compile_prefix(name)}")
 
     def _variable_name(self, module: torch.nn.Module) -> str | None:
         """The name the user's code binds the root to (``model``), looked up in user frames."""
