@@ -144,6 +144,11 @@ _ALL: tuple[CodeInfo, ...] = (
        "the script raised",
        "the script stopped with an exception that is not a known AMP defect; diagnose saw the steps before it",
        "fix the error shown (the script's own traceback is printed above the findings)"),
+    _c("script-exit", (DIAGNOSE,),
+       "the script exited with a non-zero status",
+       "the script called `sys.exit(N)` (or `exit(N)`) itself; diagnose saw the steps before it",
+       "see the script's own output for why it stopped; pass the arguments it needs after SCRIPT "
+       "(`ampkit diagnose SCRIPT ARGS...`)"),
 )
 
 REGISTRY: dict[str, CodeInfo] = {c.code: c for c in _ALL}

@@ -87,7 +87,7 @@ def test_script_runs_like_python_script_and_state_is_restored():
     assert result.stopped == "finished" and result.findings == ()
     assert sys.argv == argv and sys.path[0] == path0
     bad = diagnose_script(script("argv_probe"), ["other"])
-    assert bad.stopped.startswith("exit") and bad.codes() == ["script-error"]
+    assert bad.stopped == "exit 1" and bad.codes() == ["script-exit"]
 
 
 def test_instrumentation_is_removed_after_a_run():

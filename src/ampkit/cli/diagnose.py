@@ -100,6 +100,10 @@ def _render(result) -> None:
     from ampkit.diagnose.findings import TITLES
 
     out = _console()
+    if result.traceback:  # the script's own traceback, as `python SCRIPT` would have shown it
+        import sys
+
+        print(result.traceback, file=sys.stderr)
     out.print(f"\n[bold]ampkit diagnose[/] {escape(result.script)}: {result.steps} optimizer step(s), {escape(result.stopped)}")
     if not result.findings:
         out.print("[green]no findings[/]")

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -38,7 +40,7 @@ from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.nonfinite import NonFiniteLocator
 from ampkit.diagnose.opwatch import OpWatch
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
-from ampkit.diagnose.tracking import ModuleTracker, UserCode
+from ampkit.diagnose.tracking import ModuleTracker, UserCode, is_ampkit_file
 
 __all__ = ["Instrumentation", "StopRun"]
 
@@ -72,6 +74,7 @@ class Instrumentation:
         self._in_scaler_step = False
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
         self._step_dtypes: set[tuple[str, torch.dtype]] = set()
+        self.step_dtypes_seen: set[tuple[str, torch.dtype]] = set()  # every enabled autocast of the run
         self._scaled_this_step = False
         self._undo: list[Callable[[], None]] = []
         self.scaler_checks = ScalerChecks(self)
@@ -153,6 +156,39 @@ class Instrumentation:
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
         for name in SYNC_NAMES:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
+        self._patch(warnings, "warn", self._wrap_warn)
+        self._patch(warnings, "showwarning", self._wrap_showwarning)
+
+    # ------------------------------------------------------------------ warnings
+    # A warning torch raises with stacklevel=2 from inside a function we wrap would name our wrapper's
+    # file; Python warnings skip ampkit's frames, C++ warnings (one level) are re-attributed at display.
+    def _wrap_warn(self, orig):
+        def warn(message, category=None, stacklevel=1, source=None, **kwargs):
+            if torch.compiler.is_compiling():
+                return orig(message, category, stacklevel + 1, source, **kwargs)
+            f = sys._getframe(1)
+            for _ in range(max(0, stacklevel - 1)):
+                if f.f_back is None:
+                    break
+                f = f.f_back
+            extra = 0
+            while f is not None and is_ampkit_file(f.f_code.co_filename):
+                f, extra = f.f_back, extra + 1
+            return orig(message, category, stacklevel + extra + 1, source, **kwargs)
+
+        return warn
+
+    def _wrap_showwarning(self, orig):
+        user = self.user
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if is_ampkit_file(filename):
+                f = user.frame(1)
+                if f is not None:
+                    filename, lineno, line = f.f_code.co_filename, f.f_lineno, None
+            return orig(message, category, filename, lineno, file, line)
+
+        return showwarning
 
     # ------------------------------------------------------------------ module hooks
     # Both hooks return at once inside a torch.compile'd region: dynamo then traces nothing of ours

@@ -64,6 +64,7 @@ class OpHit:
     out_dtype: str
     input_max: tuple[float, ...]
     inputs_finite: bool
+    module: Any = field(default=None, compare=False)  # the innermost module running the op (re-run)
 
     def describe(self) -> str:
         mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
@@ -84,6 +85,7 @@ class _FirstNonFinite(TorchDispatchMode):
         super().__init__()
         self.hit: OpHit | None = None
         self.fallback: OpHit | None = None
+        self.stack: list[torch.nn.Module] = []  # modules running (filled by first_nonfinite_op's hooks)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -93,7 +95,8 @@ class _FirstNonFinite(TorchDispatchMode):
                 ins = tensor_leaves((args, kwargs or {}))
                 finite = all(bool(torch.isfinite(t).all()) for t in ins)
                 mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
-                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite)
+                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite,
+                            self.stack[-1] if self.stack else None)
                 if finite:
                     self.hit = hit
                 elif self.fallback is None:
@@ -102,10 +105,25 @@ class _FirstNonFinite(TorchDispatchMode):
 
 
 def first_nonfinite_op(fn: Callable[[], Any]) -> OpHit | None:
-    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite."""
+    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite,
+    with the innermost module that ran it."""
     mode = _FirstNonFinite()
-    with mode:
-        fn()
+
+    def enter(module, args):
+        mode.stack.append(module)
+
+    def leave(module, args, *rest):  # returns None: a forward hook's return value replaces the output
+        if mode.stack:
+            mode.stack.pop()
+
+    mm = torch.nn.modules.module
+    handles = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(leave, always_call=True)]
+    try:
+        with mode:
+            fn()
+    finally:
+        for h in handles:
+            h.remove()
     return mode.hit or mode.fallback
 
 
@@ -231,11 +249,16 @@ class NonFiniteLocator:
         dt, enabled, dtype = call.autocast
         region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
         detail = f" at {hit.describe()}" if hit else ""
-        return Finding(
-            code="nonfinite-forward",
-            message=f"the output of {who} became inf/NaN{region}{detail}",
-            where=self._where(call),
-            fix=_keep_fp32(self, call), step=call.step)
+        module, where, message = call.module, self._where(call), f"the output of {who} became inf/NaN{region}{detail}"
+        if hit is not None and hit.module is not None and hit.module is not getattr(module, "_orig_mod", module):
+            # Inside a torch.compile'd model (its submodules' hooks do not run there) the re-run names
+            # the innermost module that ran the op.
+            module = hit.module
+            where = f"{self.tracker.name(module)} · {call.where}"
+            message = (f"the output of {who} became inf/NaN{region}; it starts in {self.tracker.describe(module)} "
+                       f"at {hit.describe()}")
+        return Finding(code="nonfinite-forward", message=message, where=where,
+                       fix=_keep_fp32(self, call, module=module), step=call.step)
 
     def _absorbed_finding(self, flag: OpFlag) -> Finding:
         call = flag.frame.call
@@ -278,7 +301,7 @@ class NonFiniteLocator:
     # ------------------------------------------------------------------ re-running one module
     def _rerun(self, call: _Call, *, backward: bool) -> OpHit | None:
         """Run the module again on its saved inputs (same autocast state) and find the first bad op."""
-        module = call.module
+        module = getattr(call.module, "_orig_mod", call.module)  # a compiled model re-runs eagerly
         dev_type, enabled, dtype = call.autocast
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
         devices = [torch.device(dev_type).index or 0] if dev_type not in ("cpu", "meta") else []
@@ -296,7 +319,7 @@ class NonFiniteLocator:
                 if not ins or len(grads) != len(outs):
                     return None
                 return first_nonfinite_op(lambda: torch.autograd.grad(outs, ins, grads, allow_unused=True))
-        except Exception:  # noqa: BLE001 - a module that cannot be re-run still gets its finding
+        except Exception:  # noqa: BLE001 - user code of any kind: a module that cannot be re-run still gets its finding
             return None
         finally:
             with torch.no_grad():
@@ -304,13 +327,14 @@ class NonFiniteLocator:
                     b.copy_(saved)
 
 
-def _keep_fp32(locator: NonFiniteLocator, call: _Call, *, measure_scale: bool = False) -> str:
+def _keep_fp32(locator: NonFiniteLocator, call: _Call, *, measure_scale: bool = False,
+               module: torch.nn.Module | None = None) -> str:
     """The fix naming the module. With FP16 and ``measure_scale`` (the forward stays finite, so the
     run's gradients and GradScaler mean something), :meth:`NonFiniteLocator.complete_fixes` adds the
     initial loss scale at the end of the run; otherwise the fix points to ``--fp16-range`` for it."""
     _, enabled, dtype = call.autocast
     fp16 = dtype == torch.float16 if enabled else any(p.dtype == torch.float16 for p in call.module.parameters())
-    name = locator.tracker.relative_name(call.module)
+    name = locator.tracker.relative_name(module if module is not None else call.module)
     fix = keep_fp32_fix(name, None, fp16=fp16)
     if fp16 and measure_scale:
         locator.scale_pending[fix] = name

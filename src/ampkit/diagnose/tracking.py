@@ -16,10 +16,15 @@ from types import FrameType
 
 import torch
 
-__all__ = ["UserCode", "ModuleTracker", "tensor_leaves", "strip_compile_prefix"]
+__all__ = ["UserCode", "ModuleTracker", "tensor_leaves", "strip_compile_prefix", "short_path", "frame_where", "is_ampkit_file"]
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _AMPKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_ampkit_file(filename: str) -> bool:
+    """A file of ampkit itself (its frames are never the user's)."""
+    return os.path.abspath(filename).startswith(_AMPKIT_DIR)
 
 
 def tensor_leaves(obj) -> list[torch.Tensor]:
@@ -71,7 +76,7 @@ class UserCode:
         f = self.frame(depth + 1)
         if f is None:
             return "(not in the script's code)"
-        return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+        return f"{short_path(f.f_code.co_filename)}:{f.f_lineno}"
 
     def caller_is_user(self, depth: int = 1) -> FrameType | None:
         """The frame ``depth`` levels above the caller when it is user code (a direct call), else None."""
@@ -83,12 +88,15 @@ class UserCode:
 
 
 def frame_where(f: FrameType) -> str:
-    return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+    return f"{short_path(f.f_code.co_filename)}:{f.f_lineno}"
 
 
-def _short(path: str) -> str:
-    rel = os.path.relpath(path)
-    return rel if len(rel) < len(path) and not rel.startswith(".." + os.sep + "..") else path
+def short_path(path: str) -> str:
+    """How every ``where`` names a file: relative to the current folder when the file is inside it,
+    else absolute (one form for script errors and findings alike)."""
+    full = os.path.abspath(path)
+    cwd = os.getcwd() + os.sep
+    return full[len(cwd):] if full.startswith(cwd) else full
 
 
 def strip_compile_prefix(name: str) -> str:
@@ -162,7 +170,9 @@ class ModuleTracker:
         self._register_root(root, name)
 
     def _register_root(self, root: torch.nn.Module, name: str | None = None) -> None:
-        base = name or self._variable_name(root) or type(root).__name__
+        orig = getattr(root, "_orig_mod", None)  # torch.compile(model): the user's own variable names it
+        base = (name or (self._variable_name(orig) if isinstance(orig, torch.nn.Module) else None)
+                or self._variable_name(root) or type(root).__name__)
         self._roots.append(weakref.ref(root))
         for name, sub in root.named_modules():
             name = strip_compile_prefix(name)
