@@ -111,6 +111,31 @@ class CastChecks:
 
         return __enter__
 
+    # ------------------------------------------------------------------ losses
+    def wrap_bce(self, orig):
+        """``bce-under-autocast``: ``F.binary_cross_entropy`` (also what ``nn.BCELoss`` calls) under an
+        enabled autocast. CUDA and MUSA autocast refuse it (the runner maps that error); CPU autocast runs
+        it in FP32, so the script works here and fails on the accelerator: found at the call."""
+        inst = self.inst
+
+        def binary_cross_entropy(input, *args, **kwargs):
+            if not is_compiling() and not inst._paused and inst.mode == "diagnose" and isinstance(input, torch.Tensor):
+                dev = input.device.type
+                if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+                    with inst.paused():
+                        f = inst.user.frame(1)
+                    inst.add(Finding(
+                        code="bce-under-autocast",
+                        message=f"`binary_cross_entropy` (or `nn.BCELoss`) on {str(input.dtype).replace('torch.', '')} "
+                                f"probabilities under {dev} autocast: CUDA and MUSA autocast refuse it as unsafe (a "
+                                "sigmoid in low precision saturates to exactly 0 or 1, and the log then gives inf); "
+                                "CPU autocast runs it in FP32, so the script only fails on the accelerator",
+                        where=frame_where(f) if f is not None else "(not in the script's code)",
+                        fix=fix_for("bce-under-autocast"), step=inst.step), key=("bce-under-autocast",))
+            return orig(input, *args, **kwargs)
+
+        return binary_cross_entropy
+
     # ------------------------------------------------------------------ manual casts
     def _half_in_autocast(self, t: Any, what: str) -> None:
         inst = self.inst

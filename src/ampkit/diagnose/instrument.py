@@ -154,6 +154,7 @@ class Instrumentation:
         self._patch(torch.Tensor, "half", casts.wrap_tensor_half)
         self._patch(torch.Tensor, "to", casts.wrap_tensor_to)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
+        self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
         for name in SYNC_NAMES:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
         self._patch(warnings, "warn", self._wrap_warn)
