@@ -42,7 +42,7 @@ class _Call:
     module: torch.nn.Module
     args: tuple
     kwargs: dict
-    flags: torch.Tensor  # bool[2] on the output's device: inputs finite, outputs finite
+    outs: list[torch.Tensor]  # floating outputs; checked at the flush, all at once
     autocast: tuple[str, bool, torch.dtype]
     where: str
     step: int
@@ -140,6 +140,8 @@ class NonFiniteLocator:
         self._roots_called: set[int] = set()
         self.done = False  # after the first finding, later non-finite values are its consequences
         self.absorbed = False  # an overflow-absorbed finding was made (reported once per run)
+        self._last_grad: torch.Tensor | None = None
+        self._last_ok: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ recording
     def before_root(self, module: torch.nn.Module) -> bool:
@@ -157,13 +159,8 @@ class NonFiniteLocator:
             return None
         ins = tensor_leaves((args, kwargs))
         dev = outs[0].device
-        with torch.no_grad():
-            out_ok = torch.stack([torch.isfinite(t).all() for t in outs]).all()
-            in_ok = (torch.stack([torch.isfinite(t).all().to(dev) for t in ins]).all() if ins
-                     else torch.ones((), dtype=torch.bool, device=dev))
-            flags = torch.stack([in_ok, out_ok])
         ac = (dev.type, torch.is_autocast_enabled(dev.type), torch.get_autocast_dtype(dev.type))
-        call = _Call(module, args, kwargs, flags, ac, where, step)
+        call = _Call(module, args, kwargs, outs, ac, where, step)
         self.calls.append(call)
         if torch.is_grad_enabled():
             for t in outs:
@@ -177,8 +174,10 @@ class NonFiniteLocator:
     def _grad_hook(self, call: _Call, kind: str, grad: torch.Tensor) -> None:
         if grad is None or not grad.is_floating_point():
             return
-        with torch.no_grad():
-            self.events.append(_GradEvent(call, kind, torch.isfinite(grad).all()))
+        if grad is not self._last_grad:  # a module's input is often the previous one's output: one check
+            with torch.no_grad():
+                self._last_grad, self._last_ok = grad, torch.isfinite(grad).all()
+        self.events.append(_GradEvent(call, kind, self._last_ok))
         if kind == "out":
             call.grads_out.append(grad)
 
@@ -197,20 +196,25 @@ class NonFiniteLocator:
         op_flags = op_flags or []
         self.calls, self.events = [], []
         self._roots_called.clear()
+        self._last_grad = self._last_ok = None
         findings: list[Finding] = []
         if calls or op_flags:
-            flags = _read([c.flags for c in calls] + [f.ok for f in op_flags])
-            flags, ops_ok = flags[:len(calls)], flags[len(calls):]
-            bad = next((i for i, f in enumerate(flags) if not f[1]), None)
-            op_bad = next((i for i, ok in enumerate(ops_ok) if not ok and op_flags[i].frame.call is not None), None)
+            ok = finite_flags([t for c in calls for t in c.outs] + [f.tensor for f in op_flags])
+            outs_ok, pos = [], 0
+            for c in calls:
+                outs_ok.append(all(ok[pos:pos + len(c.outs)]))
+                pos += len(c.outs)
+            ops_ok = ok[pos:]
+            bad = next((i for i, good in enumerate(outs_ok) if not good), None)
+            op_bad = next((i for i, good in enumerate(ops_ok) if not good and op_flags[i].frame.call is not None), None)
             if bad is not None:
-                call, inputs_ok = calls[bad], bool(flags[bad][0])
+                call = calls[bad]
+                inputs_ok = _inputs_finite(call)
                 if not inputs_ok and op_bad is not None:
                     # The value went bad in functional code between submodules (e.g. the scores of an
                     # attention block): the op watch names the module whose own forward ran that op.
                     origin = op_flags[op_bad].frame.call
-                    at = next((i for i, c in enumerate(calls) if c is origin), None)
-                    if at is not None and flags[at][0]:
+                    if any(c is origin for c in calls) and _inputs_finite(origin):
                         call, inputs_ok = origin, True
                 findings.append(self._forward_finding(call, inputs_ok))
                 self.done = True
@@ -367,6 +371,30 @@ def _detach(obj, *, requires_grad: bool):
     if isinstance(obj, dict):
         return {k: _detach(v, requires_grad=requires_grad) for k, v in obj.items()}
     return obj
+
+
+def _inputs_finite(call: _Call) -> bool:
+    return all(finite_flags(tensor_leaves((call.args, call.kwargs))))
+
+
+def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
+    """Whether each tensor is all finite, read with one transfer per device: the max-norm of each
+    (inf/NaN propagate) in one ``_foreach_norm`` per (device, dtype), instead of two ops per tensor."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    flags: list[torch.Tensor] = [None] * len(groups)  # type: ignore[list-item]
+    order: list[list[int]] = []
+    with torch.no_grad():
+        for g, ((dev, _), idx) in enumerate(groups.items()):
+            norms = torch._foreach_norm([tensors[i].detach() for i in idx], float("inf"))
+            flags[g] = torch.isfinite(torch.stack(norms))
+            order.append(idx)
+    out: list[bool] = [True] * len(tensors)
+    for idx, values in zip(order, _read(flags)):
+        for i, v in zip(idx, values):
+            out[i] = bool(v)
+    return out
 
 
 def _read(flags: list[torch.Tensor]) -> list:

@@ -8,9 +8,9 @@ forward pre-hook and its forward hook (the instrumentation pushes it there and p
 never active during backward, outside modules, or inside a ``torch.compile``d forward) and
 attributes each op to the innermost module running (:class:`Frame`).
 
-* ``diagnose`` mode: for each FP16/BF16 op output, an on-device flag "finite" (one ``isfinite().all()``
-  per op, no host read); :meth:`OpWatch.take_flags` hands them to the flush, which reads them with the
-  module flags in one transfer.
+* ``diagnose`` mode: each FP16/BF16 op output is kept until the step's flush
+  (:meth:`OpWatch.take_flags`), which checks them with the module outputs in a few fused
+  ``_foreach_norm`` kernels and one transfer: no kernel and no host read per op.
 * ``range`` mode (the FP32 run of ``--fp16-range``): per (module, op) the largest magnitude of the
   op's output, kept on the device; :meth:`OpWatch.take_maxima` hands them to the range recorder.
 
@@ -44,12 +44,12 @@ class Frame:
 
 
 class OpFlag:
-    """One watched op output (diagnose mode): ``ok`` is an on-device bool "finite"."""
+    """One watched op output (diagnose mode): the flush checks ``tensor`` with all others at once."""
 
-    __slots__ = ("ok", "op", "dtype", "frame")
+    __slots__ = ("tensor", "op", "dtype", "frame")
 
-    def __init__(self, ok: torch.Tensor, op: str, dtype: torch.dtype, frame: Frame) -> None:
-        self.ok, self.op, self.dtype, self.frame = ok, op, dtype, frame
+    def __init__(self, tensor: torch.Tensor, op: str, dtype: torch.dtype, frame: Frame) -> None:
+        self.tensor, self.op, self.dtype, self.frame = tensor, op, dtype, frame
 
 
 class OpWatch(TorchDispatchMode):
@@ -97,7 +97,7 @@ class OpWatch(TorchDispatchMode):
             return
         if self.mode == "diagnose":
             if t.dtype in _LOW:
-                self._flags.append(OpFlag(torch.isfinite(t).all(), name, t.dtype, frame))
+                self._flags.append(OpFlag(t.detach(), name, t.dtype, frame))
             return
         key = (self.name(frame.module), name)
         m = t.detach().abs().amax().float()

@@ -49,6 +49,7 @@ class UserCode:
     def __init__(self, script_dir: str) -> None:
         self.script_dir = os.path.abspath(script_dir) + os.sep
         self._cache: dict[str, bool] = {}
+        self._short: dict[str, str] = {}  # a run's where() is called per module call: one getcwd per file
 
     def is_user_file(self, filename: str) -> bool:
         hit = self._cache.get(filename)
@@ -76,7 +77,10 @@ class UserCode:
         f = self.frame(depth + 1)
         if f is None:
             return "(not in the script's code)"
-        return f"{short_path(f.f_code.co_filename)}:{f.f_lineno}"
+        name = self._short.get(f.f_code.co_filename)
+        if name is None:
+            name = self._short[f.f_code.co_filename] = short_path(f.f_code.co_filename)
+        return f"{name}:{f.f_lineno}"
 
     def caller_is_user(self, depth: int = 1) -> FrameType | None:
         """The frame ``depth`` levels above the caller when it is user code (a direct call), else None."""
