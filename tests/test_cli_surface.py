@@ -15,7 +15,7 @@ CONTRACT = {
     "compare": ["--task", "--precision", "--seeds", "--steps", "--out"],
     "audit": ["--task", "--precision", "--json"],
     "diagnose": ["--steps", "--json"],
-    "migrate": ["--fix", "--target", "--select"],
+    "migrate": ["--fix", "--target", "--select", "--json", "--jobs"],
     "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json"],
 }
 
