@@ -127,6 +127,7 @@ class AuditResult:
     forward_matmul_flops: int
     forward_low_matmul_flops: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    declared: tuple[dict[str, Any], ...] = ()  # FP32 regions declared with fp32_modules: how each ran
 
     @property
     def matmul_share(self) -> float | None:
@@ -193,6 +194,7 @@ class AuditResult:
             "by_module": self.by_module(),
             "by_op": self.by_op(),
             "surprises": [asdict(s) for s in self.surprises],
+            "declared": [dict(d) for d in self.declared],
             "notes": list(self.notes),
         }
 
@@ -386,6 +388,30 @@ def _surprises(records: list[OpRecord], model: nn.Module, precision: Precision) 
     return found
 
 
+def _in_region(module: str, names: tuple[str, ...]) -> str | None:
+    """The declared region ``module`` runs in (itself or an ancestor), or None."""
+    return next((n for n in names if module == n or module.startswith(n + ".")), None)
+
+
+def _declared(records: list[OpRecord], names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One entry per declared FP32 region: how its forward ops ran (they should be ``fp32``/``promoted``)."""
+    out = []
+    for name in names:
+        ops = [r for r in records if r.phase == "forward" and r.category != "cast" and _in_region(r.module, (name,))]
+        row = {c: sum(1 for r in ops if r.category == c) for c in CATEGORIES}
+        ran_in = _dominant(row) if ops else "-"
+        out.append({"module": name, "ops": len(ops), "ran_in": ran_in,
+                    "matmul_flops": sum(r.flops for r in ops if r.matmul),
+                    "message": f"'{name}' is a declared FP32 region (fp32_modules): autocast off, inputs cast to FP32; "
+                               f"its {len(ops)} forward op(s) ran in {ran_in}"})
+    return out
+
+
+def _split_declared(found: list[Surprise], names: tuple[str, ...]) -> list[Surprise]:
+    """FP32 matmuls inside a declared region are what was asked for: not surprises."""
+    return [s for s in found if not (s.kind == "fp32-matmul-in-autocast" and _in_region(s.module, names))]
+
+
 def _first_tensor(obj: Any) -> torch.Tensor | None:
     return next((t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)), None)
 
@@ -411,11 +437,13 @@ def _to(obj: Any, dev: torch.device) -> Any:
 
 
 def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor | None],
-         precision: Precision, *, record_loss: bool = True) -> AuditResult:
+         precision: Precision, *, record_loss: bool = True, fp32_modules: Any = None) -> AuditResult:
     state = _State({}, type(model).__name__)
     saved_grads = {id(p): p.grad for p in model.parameters()}
     notes: list[str] = []
     output_dtype = None
+    regions = _regions(model, fp32_modules, precision)
+    names = tuple(regions.names) if regions is not None else ()
     try:
         with _module_hooks(model, state), _AutocastState(state, precision.device.type), _Recorder(state):
             with precision.autocast():
@@ -431,6 +459,8 @@ def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], 
             else:
                 notes.append("no backward pass: the output does not require grad")
     finally:
+        if regions is not None:
+            regions.remove()
         for p in model.parameters():
             p.grad = saved_grads.get(id(p))
     records = state.records
@@ -442,13 +472,23 @@ def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], 
         device=str(precision.device),
         output_dtype=output_dtype,
         ops=tuple(records),
-        surprises=tuple(_surprises(records, model, precision)),
+        surprises=tuple(_split_declared(_surprises(records, model, precision), names)),
         matmul_flops=sum(r.flops for r in mm),
         low_matmul_flops=sum(r.flops for r in mm if r.category == "low"),
         forward_matmul_flops=sum(r.flops for r in fwd),
         forward_low_matmul_flops=sum(r.flops for r in fwd if r.category == "low"),
         notes=tuple(notes),
+        declared=tuple(_declared(records, names)),
     )
+
+
+def _regions(model: nn.Module, fp32_modules: Any, precision: Precision) -> Any:
+    """The FP32 regions' hooks on ``model`` for the audited pass (None without ``fp32_modules``)."""
+    if not fp32_modules:
+        return None
+    from ampkit.regions import apply_fp32_regions
+
+    return apply_fp32_regions(model, fp32_modules, device_type=precision.device.type)
 
 
 def _resolve(precision: Precision | str, device: Device) -> Precision:
@@ -458,7 +498,8 @@ def _resolve(precision: Precision | str, device: Device) -> Precision:
 
 
 def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str = "auto",
-          loss_fn: Callable[[Any], torch.Tensor] | None = None, device: Device | str | None = None) -> AuditResult:
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, device: Device | str | None = None,
+          fp32_modules: Any = None) -> AuditResult:
     """Run ``model`` once forward and backward under autocast and record the dtype of every op.
 
     Args:
@@ -469,6 +510,8 @@ def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str =
         loss_fn: ``loss_fn(output) -> scalar`` run under autocast, as in training. Default: the sum of
             the output (computed in FP32 and not recorded), only to drive the backward pass.
         device: where to run (default: where the model's parameters are).
+        fp32_modules: FP32 regions declared as in training (names, globs, types, ``"preset:norm"``; see
+            :mod:`ampkit.regions`): they are reported in ``declared``, not as surprises.
 
     >>> r = audit(torch.nn.Linear(4, 4), torch.randn(2, 4), precision="bf16")   # doctest: +SKIP
     >>> r.output_dtype                                                          # doctest: +SKIP
@@ -490,11 +533,16 @@ def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str =
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
         return sum(t.float().sum() for t in tensors) if tensors else None
 
-    return _run(model, forward, loss_fn or default_loss, prec, record_loss=loss_fn is not None)
+    return _run(model, forward, loss_fn or default_loss, prec, record_loss=loss_fn is not None,
+                fp32_modules=fp32_modules)
 
 
-def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device | str | None = None) -> AuditResult:
-    """Audit ``task.loss(model, batch)`` on the task's first batch, forward and backward (``ampkit audit --task``)."""
+def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device | str | None = None,
+               fp32_modules: Any = None) -> AuditResult:
+    """Audit ``task.loss(model, batch)`` on the task's first batch, forward and backward (``ampkit audit --task``).
+
+    ``fp32_modules``: the run's FP32 regions (see :func:`audit`), reported as declared, not as surprises.
+    """
     from ampkit.device import detect_device
     from ampkit.trainer import batch_to
 
@@ -505,6 +553,6 @@ def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device
     was_training = model.training
     model.train()
     try:
-        return _run(model, lambda: task.loss(model, batch), lambda loss: loss, prec)
+        return _run(model, lambda: task.loss(model, batch), lambda loss: loss, prec, fp32_modules=fp32_modules)
     finally:
         model.train(was_training)
