@@ -38,7 +38,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["band", "judge", "judge_curve", "judge_metric", "merge_seeds", "first_exit", "RunOutcome", "Verdict",
+__all__ = ["band", "judge", "judge_curve", "seed_reasons", "judge_metric", "merge_seeds", "first_exit", "RunOutcome", "Verdict",
            "BAND_SIGMAS", "BAND_REL", "METRIC_ABS", "METRIC_REL", "MAX_SKIP_SHARE", "MIN_OUT_POINTS", "MARGINS"]
 
 BAND_SIGMAS = 2.0
@@ -272,6 +272,15 @@ def _trainer_warnings(amp: dict[int, RunOutcome], bf16_advice: str | None
     seeds_txt = ", ".join(str(s) for s, _ in collapsed)
     return warnings, [f"scale collapsed (seed{'s' if len(collapsed) > 1 else ''} {seeds_txt}): "
                       f"{w0['message']}. fix: {w0['fix']}"]
+
+
+def seed_reasons(seed: int, run: RunOutcome, b: dict[str, list], label: str) -> list[str]:
+    """The rules one run can fail on its own (curve, skipped share, scale collapse): an early "fail" for reruns."""
+    reason, _ = judge_curve(seed, run.curve, b, label)
+    out = [reason] if reason else []
+    out += _skips({seed: run}, label)
+    out += _trainer_warnings({seed: run}, None)[1]
+    return out
 
 
 def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome], metric: str,
