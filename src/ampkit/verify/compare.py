@@ -234,7 +234,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             device: Device | str | None = None, task_options: dict[str, Any] | None = None,
             lr: float | None = None, run_audit: bool = True, out: str | Path | None = None,
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,
-            explain_budget: float | None = None) -> CompareResult:
+            explain_budget: float | None = None, explain_factor: float = 2.0) -> CompareResult:
     """Train in FP32 and in ``precision`` from the same seeds, weights and data; return the verdict.
 
     Args:
@@ -248,7 +248,8 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         fp32_modules: modules the AMP runs keep in FP32 (names, globs, ``"preset:norm"``; see
             :mod:`ampkit.regions`); the cost of each region is measured and reported in ``regions``.
         explain: rank the modules by the error they add and, after a FAIL, try fixes (``explain``).
-        explain_budget: seconds the explanation may take (default: twice the comparison's own time).
+        explain_budget: seconds the explanation may take; default ``explain_factor`` (2) times the
+            comparison's own time.
         out: when given, write ``compare.json``, ``report.html`` and the PNG plots there.
         progress: called with event dicts (``compare_start``, ``run_start``, the trainer's events
             with a ``run`` key, ``run_end``, ``audit``, ``explain``, ``report``); nothing here prints.
@@ -259,8 +260,9 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
     seed_list = _seed_list(seeds, steps)
-    if explain_budget is not None and not explain_budget > 0:
-        raise UsageError(f"--explain-budget must be a positive number of seconds, got {explain_budget}")
+    for name, value in (("--explain-budget", explain_budget), ("explain_factor", explain_factor)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise UsageError(f"{name} must be a positive number, got {value!r}")
     if out is not None:
         prepare_folder(out)  # before minutes of training, not after
     fp32_prec, amp_prec = _precisions(precision, device)
@@ -306,7 +308,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         emit({"event": "explain"})
         spec = task_factory if isinstance(task_factory, str) else None
         report = run_explain(plan, verdict, runs, task_spec=spec, task_options=task_options,
-                             fp32_modules=regions, budget_s=explain_budget or 2.0 * result.wall_s, progress=emit)
+                             fp32_modules=regions, budget_s=explain_budget or explain_factor * result.wall_s, progress=emit)
         result = replace(result, explain=report, wall_s=time.perf_counter() - t0)
     if out is not None:
         emit({"event": "report", "out": str(out)})

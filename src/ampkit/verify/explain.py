@@ -412,9 +412,14 @@ def explain(plan: RunPlan, verdict: Verdict, runs: dict[str, dict[int, Run]], *,
                task_options=task_options)
     seed, step = _focus(verdict, plan)
     rankings = {}
+    # A ranking runs each module alone about 4 times: priced at 4 training steps per module until measured.
+    n_modules = sum(1 for _ in (plan.first_task or plan.make(seed)).model.modules())
+    rank_s = ctx.cost("amp") / (len(plan.seeds) * plan.steps) * (4 + 4 * n_modules)
     for at in [0] + ([step] if step else []):
-        if ctx.affordable(f"ranking at step {at}", ctx.cost("fp32", at / plan.steps) / len(plan.seeds)):
+        if ctx.affordable(f"ranking at step {at}", ctx.cost("fp32", at / plan.steps) / len(plan.seeds) + rank_s):
+            t_rank = time.perf_counter()
             rankings[at] = _rank_at(ctx, seed, at)
+            rank_s = time.perf_counter() - t_rank
     ranking = _merge(rankings)
     candidates = [] if verdict.passed else _search(ctx, ranking)
     rec = _recommend(ctx, candidates)

@@ -224,10 +224,9 @@ def _isolated(mod: nn.Module, inputs: tuple[tuple, dict], amp_inputs: tuple[tupl
     events = []
     finite_out = outa is not None and bool(torch.isfinite(outa).all())
     for phase, op, dtype in dict.fromkeys(watch.hits):
-        where = "in the forward pass" if phase == "forward" else "in the backward pass"
         absorbed = phase == "forward" and finite_out
-        events.append(f"overflow: {op} made inf/NaN in {dtype} {where}"
-                      + (" (absorbed: the module's output stayed finite, so the loss and the scaler never see it)"
+        events.append(f"overflow: {op} gave inf/NaN in {dtype} ({phase})"
+                      + ("; absorbed: the module's output is finite, so neither the loss nor the scaler sees it"
                          if absorbed else ""))
     flushed = _flushed(outa, out32)
     if flushed > UNDERFLOW_SHARE:
