@@ -4,8 +4,9 @@ How: a forward + backward pass in FP32 records, for every module, the inputs of 
 the gradient that reached its output. Then each module is run **alone** on those FP32 inputs, once in
 FP32 and once under autocast, and its output and gradients (inputs and own parameters, backpropagated
 from the recorded FP32 output gradient) are compared: the relative error is what this module adds,
-not what it inherited from the modules before it. A container's own share is its error above the
-largest of its direct children's. Under FP16 the gradient fed to the low-precision pass is multiplied
+not what it inherited from the modules before it. A container is run with its children kept in FP32
+(the FP32 regions' hooks), so that its error is that of its own ops (e.g. the attention product
+written in a transformer block's ``forward``). Under FP16 the gradient fed to the low-precision pass is multiplied
 by the run's loss scale (and divided back), as in training.
 
 Inside each low-precision call a dispatch mode watches every op: an op that turns finite inputs into
@@ -44,13 +45,12 @@ class ModuleError:
 
     module: str
     type: str
-    fwd: float | None = None  # its output, run alone on FP32 inputs
+    fwd: float | None = None  # its output, run alone on FP32 inputs (its children kept in FP32)
     bwd: float | None = None  # its input and parameter gradients, from the FP32 output gradient
-    added: float = 0.0  # the part of max(fwd, bwd) not explained by its children
+    added: float = 0.0  # max(fwd, bwd): the error its own ops add
     cumulative_fwd: float | None = None  # its output in the whole AMP pass
     cumulative_bwd: float | None = None  # its output's gradient in the whole AMP pass
     events: list[str] = field(default_factory=list)
-    children: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _json(getattr(self, k)) for k in ("module", "type", "fwd", "bwd", "added", "cumulative_fwd",
@@ -212,12 +212,30 @@ def _as_dtypes(ref: tuple[tuple, dict], like: tuple[tuple, dict] | None) -> tupl
     return tree_unflatten(cast, spec)
 
 
+class _ChildrenInFP32:
+    """A container's children kept in FP32 (the FP32 regions' hooks), so that only its own ops run low."""
+
+    def __init__(self, mod: nn.Module, device_type: str) -> None:
+        self.mod, self.device_type, self.handle = mod, device_type, None
+
+    def __enter__(self) -> None:
+        names = [n for n, _ in self.mod.named_children()]
+        if names:
+            from ampkit.regions import apply_fp32_regions
+
+            self.handle = apply_fp32_regions(self.mod, names, device_type=self.device_type)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+
+
 def _isolated(mod: nn.Module, inputs: tuple[tuple, dict], amp_inputs: tuple[tuple, dict] | None,
               grad: torch.Tensor | None, precision: Precision, seed: int, scale: float
               ) -> tuple[float | None, float | None, list[str]]:
     out32, g32 = _call(mod, inputs, grad, seed, 1.0, torch.autocast(precision.device.type, enabled=False), None)
     watch = _Watch()
-    with watch:
+    with watch, _ChildrenInFP32(mod, precision.device.type):
         outa, ga = _call(mod, _as_dtypes(inputs, amp_inputs), grad, seed, scale, precision.autocast(), watch)
     fwd = _rel(None if outa is None else outa.float(), out32)
     bwd = _rel_many(ga, g32) if g32 and ga else None
@@ -242,17 +260,6 @@ def _short(precision: Precision) -> str:
 
 
 # ---------------------------------------------------------------------------------------- the ranking
-def _added(errors: dict[str, ModuleError]) -> None:
-    for e in errors.values():
-        own = max((v for v in (e.fwd, e.bwd) if v is not None), default=0.0)
-        kids = [errors[c] for c in e.children if c in errors]
-        inherited = max((max((v for v in (k.fwd, k.bwd) if v is not None), default=0.0) for k in kids), default=0.0)
-        e.added = own if math.isinf(own) and not math.isinf(inherited) else max(0.0, own - inherited)
-        # an event seen in a child is the child's: keep it there
-        child_events = {ev for k in kids for ev in k.events}
-        e.events = [ev for ev in e.events if ev not in child_events]
-
-
 def module_errors(model: nn.Module, loss_fn: Callable[[], torch.Tensor], precision: Precision, *, seed: int = 0,
                   scale: float = 1.0) -> list[ModuleError]:
     """Every module that ran, ranked by the error it adds under ``precision`` (largest first); the root is last.
@@ -270,8 +277,7 @@ def module_errors(model: nn.Module, loss_fn: Callable[[], torch.Tensor], precisi
         errors: dict[str, ModuleError] = {}
         for name, inputs in ref.inputs.items():
             mod = modules[name]
-            e = ModuleError(module=name or f"({type(mod).__name__})", type=type(mod).__name__,
-                            children=[f"{name}.{c}" if name else c for c, _ in mod.named_children()])
+            e = ModuleError(module=name or f"({type(mod).__name__})", type=type(mod).__name__)
             try:
                 e.fwd, e.bwd, e.events = _isolated(mod, inputs, amp.inputs.get(name), ref.grads.get(name), precision,
                                                    seed, scale)
@@ -282,8 +288,8 @@ def module_errors(model: nn.Module, loss_fn: Callable[[], torch.Tensor], precisi
             e.cumulative_fwd = _rel(amp.outputs[name].float(), ref.outputs[name]) if name in amp.outputs and name in ref.outputs else None
             e.cumulative_bwd = _rel(amp.grads.get(name), ref.grads.get(name))
             errors[name] = e
-        by_name = {e.module: e for e in errors.values()}
-        _added(by_name)
+        for e in errors.values():
+            e.added = max((v for v in (e.fwd, e.bwd) if v is not None), default=0.0)
         root = [e for n, e in errors.items() if n == ""]
         rest = sorted((e for n, e in errors.items() if n != ""), key=lambda e: (-e.added, -(e.fwd or 0.0)))
         return rest + root
