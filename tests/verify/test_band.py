@@ -54,6 +54,9 @@ def test_scale_collapse_alone_fails_with_the_bf16_advice():
     assert "fix: use --precision bf16; or lower the learning rate" in v.reasons[0]
     assert [x["seeds"] for x in v.warnings] == [[0, 1, 2]]
     assert "bf16" not in _judge(_runs([0.952, 0.958, 0.95], warnings=[w])).reasons[0]
+    # policy.bf16_advice without BF16 says "lower the learning rate": not repeated when the fix already says it
+    same = _judge(_runs([0.952, 0.958, 0.95], warnings=[w]), bf16_advice="lower the learning rate")
+    assert same.reasons[0].endswith("fix: lower the learning rate")
 
 
 def test_non_finite_fp32_reference_alone_fails():

@@ -256,7 +256,7 @@ def _trainer_warnings(amp: dict[int, RunOutcome], bf16_advice: str | None
     for s, r in amp.items():
         for w in r.warnings:
             fix = w.get("fix", "")
-            if w.get("code") == "scale-collapse" and bf16_advice and "bf16" not in fix:
+            if w.get("code") == "scale-collapse" and bf16_advice and bf16_advice not in fix:
                 fix = f"{bf16_advice}; or {fix}"
             same = next((x for x in warnings if x.get("code") == w.get("code") and x.get("message") == w.get("message")),
                         None)

@@ -36,8 +36,8 @@ from typing import Any, Callable, Sequence
 
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import Device, detect_device
-from ampkit.errors import AmpkitError, UsageError
-from ampkit.policy import Precision, resolve_precision
+from ampkit.errors import UsageError
+from ampkit.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
 from ampkit.verify.band import (BAND_REL, BAND_SIGMAS, MARGINS, MAX_SKIP_SHARE, METRIC_ABS, METRIC_REL,
                                 MIN_OUT_POINTS, Verdict, band, judge)
@@ -141,14 +141,6 @@ def _precisions(precision: Precision | str, device: Device | str | None) -> tupl
         why = "you asked for fp32" if str(precision) == "fp32" else amp.reason
         raise UsageError(f"nothing to compare: the AMP side resolved to FP32 ({why}); pass --precision bf16 or fp16")
     return resolve_precision("fp32", amp.device), amp
-
-
-def _bf16_advice(device: Device) -> str | None:
-    try:
-        resolve_precision("bf16", device)
-    except AmpkitError:
-        return None
-    return "use --precision bf16 (this device has BF16: no loss scaling needed)"
 
 
 def _fp32_modules(value: Any) -> tuple[str, ...]:
@@ -285,7 +277,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     higher = first_task.higher_is_better if metric_name != "training loss" else False
     verdict = judge(label=label, fp32={s: outcome(r) for s, r in runs["fp32"].items()},
                     amp={s: outcome(r) for s, r in runs["amp"].items()}, metric=metric_name,
-                    higher_is_better=higher, bf16_advice=_bf16_advice(dev) if amp_prec.use_scaler else None)
+                    higher_is_better=higher, bf16_advice=bf16_advice(dev) if amp_prec.use_scaler else None)
     throughput, memory, ratios, perf_notes = _perf(runs, dev, label)
     notes = list(verdict.notes) + perf_notes
     audit_summary = None

@@ -31,8 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ampkit.errors import AmpkitError
-from ampkit.policy import Precision, resolve_precision
+from ampkit.policy import Precision, resolve_precision, supports
 from ampkit.verify.band import RunOutcome, Verdict, band, judge, seed_reasons
 from ampkit.verify.locate import module_errors
 from ampkit.verify.runs import Abort, Run, RunPlan, median, outcome
@@ -253,10 +252,7 @@ def _cost(ctx: _Ctx, runs: dict[int, Run]) -> dict[str, Any]:
 def _other_precision(plan: RunPlan) -> Precision | None:
     """FP16 with loss scaling for BF16, and the reverse, where the card has it (policy decides)."""
     other = "fp16" if plan.amp.name == "bf16" else "bf16"
-    try:
-        return resolve_precision(other, plan.amp.device)
-    except AmpkitError:
-        return None
+    return resolve_precision(other, plan.amp.device) if supports(other, plan.amp.device) else None
 
 
 def _regions_search(ctx: _Ctx, names: list[str]) -> list[dict[str, Any]]:
