@@ -10,8 +10,9 @@ from ampkit.cli import build_parser
 CONTRACT = {
     "doctor": ["--precision", "--json"],
     "train": ["--task", "--precision", "--steps", "--seed", "--out", "--ckpt-every", "--resume", "--log-every"],
-    "compare": ["--task", "--precision", "--seeds", "--steps", "--out"],
-    "audit": ["--task", "--precision", "--json"],
+    "compare": ["--task", "--precision", "--seeds", "--steps", "--out", "--fp32-modules", "--explain",
+                "--explain-budget"],
+    "audit": ["--task", "--precision", "--json", "--fp32-modules"],
     "diagnose": ["--steps", "--json"],
     "migrate": ["--fix", "--target", "--select"],
     "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json"],
