@@ -79,3 +79,31 @@ def test_a_small_budget_is_kept_and_what_did_not_fit_is_said(capsys):
     assert e["wall_s"] <= e["budget_s"] and e["recommendation"] is None
     assert all(c["verdict"] == "not tried" for c in e["candidates"])
     assert any("explain budget" in n for n in e["notes"])
+
+
+def _entry(name, added, events=(), step=0):
+    return {"module": name, "type": "Linear", "fwd": added, "bwd": added, "added": added, "cumulative_fwd": None,
+            "cumulative_bwd": None, "events": list(events), "step": step}
+
+
+def test_standouts_use_the_median_of_modules_that_add_error():
+    from ampkit.verify.explain import _standouts
+
+    ranking = [_entry("head", 0.05), _entry("b.0.attn", 0.011), _entry("b.0.fc", 0.003), _entry("b.1.fc", 0.0031),
+               _entry("b.0.fc.inner", 0.0), _entry("ln", 0.0), _entry("emb", 0.0), _entry("(Model)", 0.004)]
+    # median of 0.05, 0.011, 0.003, 0.0031 is 0.00705: 3x that keeps head only; exact modules do not count
+    assert _standouts(ranking, ()) == ["head"]
+    flagged = ranking + [_entry("norm", 0.0, ["underflow: 5% of its non-zero FP32 outputs are 0 in FP16"])]
+    assert _standouts(flagged, ()) == ["head", "norm"]
+    assert _standouts(flagged, ("head",)) == ["norm"]  # already declared: not proposed again
+    assert _standouts([_entry("(Model)", 1.0)], ()) == []  # the root is never a region
+
+
+def test_rankings_of_two_steps_merge_per_module():
+    from ampkit.verify.explain import _merge
+
+    merged = _merge({0: [_entry("a", 0.5), _entry("b", 0.1), _entry("(M)", 0.0)],
+                     20: [_entry("b", 0.9, ["overflow: x"], step=20), _entry("a", None, step=20)]})
+    assert [m["module"] for m in merged] == ["a", "b", "(M)"]  # None (inf/NaN) ranks first, the root last
+    assert merged[0]["added_by_step"] == {"0": 0.5, "20": None} and merged[0]["step"] == 20
+    assert merged[1]["added"] == 0.9 and merged[1]["events"] == ["overflow: x"]

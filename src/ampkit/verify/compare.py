@@ -284,28 +284,29 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     if run_audit:
         emit({"event": "audit"})
         audit_summary = _audit(plan, regions, notes)
-    region_info = None
-    if regions:
-        from ampkit.verify.cost import region_costs
-
-        emit({"event": "regions"})
-        region_info = {"specs": list(regions), "names": list(region_names),
-                       **region_costs(plan.make(seed_list[0]), amp_prec, regions)}
+    region_info = _region_info(plan, regions, region_names, emit) if regions else None
     result = _result(plan, first_task, verdict, runs, throughput=throughput, memory=memory, ratios=ratios,
                      notes=notes, audit=audit_summary, fp32_modules=regions, regions=region_info,
                      wall_s=time.perf_counter() - t0)
     if explain:
+        emit({"event": "explain"})
         from ampkit.verify.explain import explain as run_explain
 
-        emit({"event": "explain"})
-        spec = task_factory if isinstance(task_factory, str) else None
-        report = run_explain(plan, verdict, runs, task_spec=spec, task_options=task_options,
-                             fp32_modules=regions, budget_s=explain_budget or explain_factor * result.wall_s, progress=emit)
+        report = run_explain(plan, verdict, runs, task_spec=task_factory if isinstance(task_factory, str) else None,
+                             task_options=task_options, fp32_modules=regions,
+                             budget_s=explain_budget or explain_factor * result.wall_s, progress=emit)
         result = replace(result, explain=report, wall_s=time.perf_counter() - t0)
     if out is not None:
         emit({"event": "report", "out": str(out)})
         result = write_outputs(result, out)
     return result
+
+
+def _region_info(plan: RunPlan, regions: tuple[str, ...], names: tuple[str, ...], emit: Progress) -> dict[str, Any]:
+    from ampkit.verify.cost import region_costs
+
+    emit({"event": "regions"})
+    return {"specs": list(regions), "names": list(names), **region_costs(plan.make(plan.seeds[0]), plan.amp, regions)}
 
 
 def _check_regions(task: Task, regions: tuple[str, ...], prec: Precision) -> tuple[str, ...]:

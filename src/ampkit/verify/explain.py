@@ -39,7 +39,7 @@ from ampkit.verify.runs import Abort, Run, RunPlan, median, outcome
 __all__ = ["explain", "MAX_REGIONS", "STANDOUT", "LR_FACTOR"]
 
 MAX_REGIONS = 8  # modules that stand out, at most, in the fp32_modules candidates
-STANDOUT = 3.0  # a module stands out when it adds STANDOUT x the median module's error, or an overflow/underflow
+STANDOUT = 3.0  # stands out: STANDOUT x the median error of the modules that add any, or an overflow/underflow
 LR_FACTOR = 0.5
 TOP = 20  # ranking entries kept in compare.json
 
@@ -147,8 +147,9 @@ def _standouts(ranking: list[dict[str, Any]], declared: tuple[str, ...]) -> list
     mods = [e for e in ranking if not e["module"].startswith("(")]
     if not mods:
         return []
-    med = statistics.median(_key(e) for e in mods if math.isfinite(_key(e))) if any(
-        math.isfinite(_key(e)) for e in mods) else 0.0
+    # the median over modules that add any error: norms and embeddings that stay exact would drag it to 0
+    adding = [_key(e) for e in mods if 0 < _key(e) < math.inf]
+    med = statistics.median(adding) if adding else 0.0
     out: list[str] = []
     for e in mods:
         name = e["module"]
