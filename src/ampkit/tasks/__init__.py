@@ -174,13 +174,18 @@ def _check_option_type(spec: str, key: str, value: Any, param: inspect.Parameter
                          f"got {value!r}")
 
 
-def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
-    """Build a task from a built-in name, ``FILE.py:factory`` or ``module:factory``.
+def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
+    """Build a task from a built-in name, ``FILE.py:factory``, ``module:factory`` or the factory itself.
 
     The factory is called as ``factory(seed=seed, **options)`` (``seed`` only if it accepts one),
     under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone.
     """
-    factory = _resolve_factory(spec)
+    if callable(spec):
+        factory, spec = spec, getattr(spec, "__name__", type(spec).__name__)
+    elif isinstance(spec, str):
+        factory = _resolve_factory(spec)
+    else:
+        raise UsageError(f"a task is a spec string or a factory(seed=...) -> ampkit.Task, got {type(spec).__name__}")
     options = dict(options or {})
     params = inspect.signature(factory).parameters
     accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
