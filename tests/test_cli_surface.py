@@ -39,7 +39,7 @@ def test_precision_choices():
     sub = _subparsers()
     for command in ("doctor", "train", "compare", "audit"):
         action = next(a for a in sub[command]._actions if "--precision" in a.option_strings)
-        assert tuple(action.choices) == ("auto", "bf16", "fp16", "fp32")
+        assert tuple(action.choices) == ("auto", "bf16", "fp16", "fp32", "fp8")
 
 
 def test_help_does_not_import_torch():
