@@ -117,7 +117,13 @@ def prepare_folder(out: str | os.PathLike, flag: str = "--out") -> Path:
 def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     amp: Any | None = None, step: int, device: Device | None = None,
                     extra: dict[str, Any] | None = None) -> Path:
-    """Write one checkpoint atomically. ``extra`` must hold only tensors and plain python values."""
+    """Write one checkpoint atomically. ``extra`` must hold only tensors and plain python values.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> path = ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=None, step=7)
+    >>> path.name
+    'ckpt.pt'
+    """
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -135,7 +141,13 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimize
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`."""
+    """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`.
+
+    >>> _ = ampkit.save_checkpoint("ckpt.pt", model=torch.nn.Linear(2, 2), optimizer=None, step=7)
+    >>> state = ampkit.load_checkpoint("ckpt.pt")
+    >>> state["format"], state["step"], sorted(state["model"])
+    ('ampkit-checkpoint', 7, ['bias', 'weight'])
+    """
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)

@@ -75,6 +75,10 @@ class MixedPrecision:
         agree: makes the skip flag the same on every rank (``ampkit.distributed.agree_found_inf``: an
             all_reduce MAX, queued on the device); None for one process. With it, the scaler's own
             found-inf flags are overwritten by the agreed one, so every rank also updates the scale alike.
+
+    >>> amp = ampkit.MixedPrecision("fp32", max_grad_norm=1.0, device=ampkit.Device("cpu"))
+    >>> amp.scaler is None, amp.stats()["steps"]
+    (True, 0)
     """
 
     def __init__(

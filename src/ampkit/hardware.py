@@ -61,7 +61,12 @@ class CardFacts:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the device supports, per feature, each with provenance."""
+    """What the device supports, per feature, each with provenance.
+
+    >>> caps = ampkit.capabilities(ampkit.Device("cpu"), probe=False)
+    >>> caps.dtypes["fp32"].supported, caps.dtypes["fp32"].provenance
+    (True, 'table')
+    """
 
     device: Device
     name: str
@@ -223,7 +228,12 @@ def _combine(table: bool | None, probe: ProbeResult | None, what: str) -> Suppor
 
 
 def capabilities(device: Device, *, probe: bool = True) -> Capabilities:
-    """The table's answer per dtype, confirmed or contradicted by a run-time probe when ``probe``."""
+    """The table's answer per dtype, confirmed or contradicted by a run-time probe when ``probe``.
+
+    >>> caps = ampkit.capabilities(ampkit.detect_device("cpu"))   # runs the probe: what really works here
+    >>> sorted(caps.dtypes)
+    ['bf16', 'fp16', 'fp32']
+    """
     name = device.name
     cap = device.capability
     facts = card_facts(device, name, cap)

@@ -28,7 +28,12 @@ _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "f
 
 @dataclass(frozen=True, kw_only=True)
 class Precision:
-    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why."""
+    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why.
+
+    >>> p = ampkit.resolve_precision("fp32", "cpu")
+    >>> p.name, p.dtype, p.use_scaler, p.autocast_enabled
+    ('fp32', torch.float32, False, False)
+    """
 
     name: str  # "fp32" | "bf16" | "fp16"
     dtype: torch.dtype  # autocast compute dtype (float32 for fp32: autocast disabled)
@@ -111,6 +116,10 @@ def resolve_precision(
     says why. An explicit ``bf16``/``fp16`` the device cannot do raises
     :class:`~ampkit.errors.PrecisionUnsupported`. ``tf32`` (default: off for ``fp32``, on for
     AMP where the card has TF32) controls TF32 for the FP32 matmuls.
+
+    >>> prec = ampkit.resolve_precision("auto", "cpu")
+    >>> prec.name in ("bf16", "fp16", "fp32"), prec.reason.startswith("auto:")
+    (True, True)
     """
     name = _normalise(requested)
     if isinstance(device, str):

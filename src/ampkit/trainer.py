@@ -42,7 +42,12 @@ Progress = Callable[[dict[str, Any]], None]
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything a run depends on. ``steps`` is the run's total number of optimizer steps."""
+    """Everything a run depends on. ``steps`` is the run's total number of optimizer steps.
+
+    >>> cfg = ampkit.TrainConfig(task="digits", precision="bf16", steps=100, out="runs/d", ckpt_every=50)
+    >>> cfg.log_every, cfg.keep
+    (10, 3)
+    """
 
     task: str = "digits"
     task_options: dict[str, Any] = field(default_factory=dict)
@@ -170,7 +175,12 @@ def _tensorboard(out: Path | None, enabled: bool) -> Any:
 
 def train(config: TrainConfig, *, task: Task | None = None, precision: Precision | None = None,
           progress: Progress | None = None) -> TrainResult:
-    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`."""
+    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`.
+
+    >>> result = ampkit.train(ampkit.TrainConfig(task="digits", precision="fp32", steps=4, log_every=2))
+    >>> result.steps, len(result.history), result.skipped
+    (4, 2, 0)
+    """
     config.validate()
     device = precision.device if precision is not None else detect_device(config.device)
     # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).

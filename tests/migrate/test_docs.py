@@ -1,4 +1,4 @@
-"""The README's migrate section documents every code with a before/after example."""
+"""The migrate page of the docs (docs/commands/migrate.md) documents every code with a before/after example."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ampkit.migrate import CODES
 
-DOC = Path(__file__).resolve().parents[2] / "README.md"  # the migrate section documents every code
+DOC = Path(__file__).resolve().parents[2] / "docs" / "commands" / "migrate.md"
 
 
 def test_every_code_is_documented_with_an_example():

@@ -48,6 +48,12 @@ class Task:
     task's seed and ``step``: that is what makes resume exact and FP32-vs-AMP comparisons fair.
     ``loss(model, batch)`` runs the forward pass and returns a scalar loss (called under autocast).
     ``evaluate(model, device)`` returns metrics (called under autocast and ``torch.no_grad``).
+
+    >>> x, y = torch.randn(64, 4), torch.randn(64, 1)
+    >>> task = ampkit.Task(name="toy", model=torch.nn.Linear(4, 1), batch=lambda step: (x, y),
+    ...                    loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]))
+    >>> task.loss(task.model, task.batch(0)).shape
+    torch.Size([])
     """
 
     name: str
@@ -147,6 +153,10 @@ def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None
 
     The factory is called as ``factory(seed=seed, **options)`` (``seed`` only if it accepts one),
     under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone.
+
+    >>> task = ampkit.load_task("digits", seed=0)
+    >>> task.name, task.metric
+    ('digits', 'accuracy')
     """
     factory = _resolve_factory(spec)
     options = dict(options or {})
