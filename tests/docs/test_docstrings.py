@@ -31,6 +31,8 @@ def test_docstring_examples_run(name, monkeypatch, tmp_path):
     obj = getattr(ampkit, name)
     finder = doctest.DocTestFinder(recurse=False)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in finder.find(obj, f"ampkit.{name}", globs={"ampkit": ampkit, "torch": torch}):
+    # The module's own names, plus the two every example may assume.
+    globs = {**vars(inspect.getmodule(obj)), "ampkit": ampkit, "torch": torch}
+    for test in finder.find(obj, f"ampkit.{name}", globs=globs):
         runner.run(test)
     assert runner.failures == 0, f"a docstring example of ampkit.{name} failed (run with -s to see it)"
