@@ -36,3 +36,13 @@ def test_docstring_examples_run(name, monkeypatch, tmp_path):
     for test in finder.find(obj, f"ampkit.{name}", globs=globs):
         runner.run(test)
     assert runner.failures == 0, f"a docstring example of ampkit.{name} failed (run with -s to see it)"
+
+
+def test_the_api_reference_page_documents_every_public_name():
+    # docs/api/reference.md renders each name with mkdocstrings (`::: module.Name`) from its real module.
+    from docs_examples import ROOT
+
+    page = (ROOT / "docs" / "api" / "reference.md").read_text(encoding="utf-8")
+    for name in NAMES:
+        module = getattr(ampkit, name).__module__
+        assert f"::: {module}.{name}\n" in page, f"add `::: {module}.{name}` to docs/api/reference.md"

@@ -13,7 +13,7 @@ EXAMPLES = """examples:
   ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
   ampkit compare --json > verdict.json             # the same as DIR/compare.json, on stdout
 
-exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: the README, "The verdict".
+exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: docs/commands/compare.md, "The verdict".
 """
 
 

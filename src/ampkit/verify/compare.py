@@ -11,7 +11,7 @@ What is run: for each seed, the task is built once, its initial weights are copi
 in FP32 and then, from those same weights and the same ``batch(step)`` stream, in the AMP precision.
 Both runs use the trainer (:func:`ampkit.trainer.train`) with evaluation on.
 
-How the verdict is reached (the margins are module constants, documented in the README under "The verdict"):
+How the verdict is reached (the margins are module constants, documented in docs/commands/compare.md under "The verdict"):
 
 * **Loss band.** At every logged step the FP32 seeds give ``lo`` (min), ``hi`` (max) and a spread
   estimate ``sigma = (hi - lo) / d2(n)`` (Shewhart's range estimator: ``d2(2) = 1.128``,
