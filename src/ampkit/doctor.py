@@ -21,7 +21,7 @@ def _support(s: Any) -> dict[str, Any]:
 
 
 def doctor_report(device: Device | None = None, *, precision: str | None = None, probe: bool = True) -> dict[str, Any]:
-    """Everything ``ampkit doctor`` shows, as a JSON-ready dict (stable keys; see README).
+    """Everything ``ampkit doctor`` shows, as a JSON-ready dict (stable keys: docs/reference/schemas.md, "doctor --json").
 
     With ``precision``, ``report["check"]`` says whether it is usable here and why not.
     """

@@ -62,7 +62,12 @@ class CardFacts:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the device supports, per feature, each with provenance."""
+    """What the device supports, per feature, each with provenance.
+
+    >>> caps = ampkit.capabilities(ampkit.Device("cpu"), probe=False)
+    >>> caps.dtypes["fp32"].supported, caps.dtypes["fp32"].provenance
+    (True, 'table')
+    """
 
     device: Device
     name: str
@@ -276,6 +281,10 @@ def capabilities(device: Device, *, probe: bool = True, fp8_probe: bool = False)
 
     ``fp8_probe`` also runs :func:`probe_fp8` (needs torchao; seconds, so only ``doctor`` and an
     explicit ``fp8`` request ask for it), except where the card table already says no FP8.
+
+    >>> caps = ampkit.capabilities(ampkit.detect_device("cpu"))   # runs the probe: what really works here
+    >>> sorted(caps.dtypes)
+    ['bf16', 'fp16', 'fp32']
     """
     name = device.name
     cap = device.capability

@@ -32,7 +32,12 @@ _AUTOCAST_DTYPES = {**_DTYPES, "fp8": torch.bfloat16}
 
 @dataclass(frozen=True, kw_only=True)
 class Precision:
-    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why."""
+    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why.
+
+    >>> p = ampkit.resolve_precision("fp32", "cpu")
+    >>> p.name, p.dtype, p.use_scaler, p.autocast_enabled
+    ('fp32', torch.float32, False, False)
+    """
 
     name: str  # "fp32" | "bf16" | "fp16" | "fp8" (BF16 autocast + FP8 linear layers from ampkit.fp8.convert)
     dtype: torch.dtype  # autocast compute dtype (float32 for fp32: autocast disabled)
@@ -132,6 +137,9 @@ def resolve_precision(
 
     >>> resolve_precision(torch.float32, "cpu").name
     'fp32'
+    >>> prec = ampkit.resolve_precision("auto", "cpu")
+    >>> prec.name in ("bf16", "fp16", "fp32"), prec.reason.startswith("auto:")
+    (True, True)
     """
     if isinstance(requested, Precision):
         return requested

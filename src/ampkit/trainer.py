@@ -49,6 +49,10 @@ class TrainConfig:
     ``stop_check_every``: with several ranks, how often (in steps) they agree on a stop: one small
     all_reduce and one host read every N steps; a stop takes effect at most N steps after the signal.
     ``init_scale``: the FP16 loss scaler's initial scale (default 65536).
+
+    >>> cfg = ampkit.TrainConfig(task="digits", precision="bf16", steps=100, out="runs/d", ckpt_every=50)
+    >>> cfg.log_every, cfg.keep
+    (10, 3)
     """
 
     task: str = "digits"
@@ -133,7 +137,12 @@ class TrainResult:
 
 def train(config: TrainConfig, *, task: Task | None = None, precision: Precision | None = None,
           progress: Progress | None = None) -> TrainResult:
-    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`."""
+    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`.
+
+    >>> result = ampkit.train(ampkit.TrainConfig(task="digits", precision="fp32", steps=4, log_every=2))
+    >>> result.steps, len(result.history), result.skipped
+    (4, 2, 0)
+    """
     config.validate()
     device = precision.device if precision is not None else detect_device(config.device)
     # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).

@@ -16,7 +16,7 @@ EXAMPLES = """examples:
                                                    # on FAIL: which module adds the error, and the fix
   ampkit compare --precision fp16 --fp32-modules norm,preset:loss   # with FP32 regions, and their cost
 
-exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: the README, "The verdict".
+exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: docs/commands/compare.md, "The verdict".
 """
 
 
