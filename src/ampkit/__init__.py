@@ -24,6 +24,7 @@ _EXPORTS = {
     "MixedPrecision": "ampkit.engine",
     "save_checkpoint": "ampkit.checkpoint",
     "load_checkpoint": "ampkit.checkpoint",
+    "restore": "ampkit.checkpoint",
     "Task": "ampkit.tasks",
     "load_task": "ampkit.tasks",
     "train": "ampkit.trainer",

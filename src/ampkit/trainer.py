@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ampkit import distributed as dist_mod
-from ampkit.device import Device, detect_device
+from ampkit.config import AmpConfig
+from ampkit.device import detect_device
 from ampkit.errors import UsageError
 from ampkit.monitor import ScaleMonitor
 from ampkit.policy import Precision, bf16_advice
@@ -52,6 +53,10 @@ class TrainConfig:
     ``init_scale``: the FP16 loss scaler's initial scale (default 65536).
     ``fp32_modules``: modules kept in FP32 under autocast (names, globs such as ``"*.norm"``, module
     types, presets such as ``"preset:norm"``; a comma-separated string too): see :mod:`ampkit.regions`.
+
+    >>> cfg = ampkit.TrainConfig(task="digits", precision="bf16", steps=100, out="runs/d", ckpt_every=50)
+    >>> cfg.log_every, cfg.keep
+    (10, 3)
     """
 
     task: str = "digits"
@@ -102,6 +107,15 @@ class TrainConfig:
             raise UsageError(f"--stop-check-every must be >= 1, got {self.stop_check_every}")
         self.stop_signals()
         normalize_fp32_modules(self.fp32_modules)
+        self.amp_config()  # the engine's own checks (e.g. --max-grad-norm nan), before any process starts
+
+    def amp_config(self) -> AmpConfig:
+        """The engine's settings for this run (the FP32 regions are applied by the trainer itself)."""
+        changes: dict[str, Any] = {"max_grad_norm": self.max_grad_norm, "accumulation_steps": self.accumulation_steps,
+                                   "max_consecutive_skips": self.max_consecutive_skips}
+        if self.init_scale is not None:
+            changes["init_scale"] = self.init_scale
+        return AmpConfig(**changes)
 
     def stop_signals(self) -> tuple[int, ...]:
         """The signal numbers that stop the run gracefully: SIGINT, SIGTERM and ``stop_signal``."""
@@ -138,7 +152,12 @@ class TrainResult:
 
 def train(config: TrainConfig, *, task: Task | None = None, precision: Precision | None = None,
           progress: Progress | None = None) -> TrainResult:
-    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`."""
+    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`.
+
+    >>> result = ampkit.train(ampkit.TrainConfig(task="digits", precision="fp32", steps=4, log_every=2))
+    >>> result.steps, len(result.history), result.skipped
+    (4, 2, 0)
+    """
     config.validate()
     device = precision.device if precision is not None else detect_device(config.device)
     # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).

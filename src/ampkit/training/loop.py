@@ -34,9 +34,9 @@ def batch_to(batch: Any, device: Device) -> Any:
 
 
 def _step(run: Run) -> None:
-    """The optimizer step of the engine, then the scheduler (once per optimizer step)."""
-    if run.amp.step(run.optimizer) and run.scheduler is not None:
-        run.scheduler.step()
+    """The engine's optimizer step; it advances the scheduler only where the step was applied (a skipped
+    step leaves the schedule where it was, without a host read where the optimizer is fused)."""
+    run.amp.step(run.optimizer, scheduler=run.scheduler)
 
 
 def _lr(optimizer: torch.optim.Optimizer) -> float | None:

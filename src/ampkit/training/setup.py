@@ -134,11 +134,7 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
         notes.append(f"FP32 regions: {', '.join(regions.names)}")
     optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused)
     scheduler = task.make_scheduler(optimizer, total) if task.make_scheduler is not None else None
-    amp = MixedPrecision(precision, max_grad_norm=config.max_grad_norm,
-                         accumulation_steps=config.accumulation_steps,
-                         max_consecutive_skips=config.max_consecutive_skips,
-                         agree=ctx.agree if ctx is not None else None,
-                         **({"init_scale": config.init_scale} if config.init_scale is not None else {}))
+    amp = MixedPrecision(precision, config=config.amp_config(), agree=ctx.agree if ctx is not None else None)
     ckpts = None
     if out is not None:
         ckpts = RunCheckpoints(out / "checkpoints", keep=config.keep, ctx=ctx, sharded=strategy == "fsdp")
