@@ -228,10 +228,11 @@ class MixedPrecision:
 
     def train_step(self, model: nn.Module, loss_fn: LossFn, batches: Sequence[Any],
                    *optimizers: torch.optim.Optimizer, scheduler: Any = None,
-                   parameters: Iterable[torch.Tensor] | None = None) -> torch.Tensor:
+                   parameters: Iterable[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """One whole optimizer step: ``accumulation_steps`` micro-batches, each forward under autocast and
         backward (under DDP ``no_sync`` / FSDP2 without gradient sync except the last), then :meth:`step`
-        and the scaler update. Returns the micro-batch losses (detached, float32, on the device).
+        and the scaler update. Returns the micro-batch losses (detached, on the device; a list, so that no
+        kernel is added to stack them).
 
         ``loss_fn(model, batch)`` returns the loss; ``batches`` is a sequence of exactly
         ``accumulation_steps`` micro-batches (``[batch]`` without accumulation).
@@ -248,10 +249,10 @@ class MixedPrecision:
                 loss = loss_fn(model, batch)
             with self._sync_context(model, enabled=not last):
                 self.backward(loss)
-            losses.append(loss.detach().float().reshape(()))
+            losses.append(loss.detach())
             self.step(*optimizers, scheduler=scheduler, parameters=params)
         self.update()
-        return torch.stack(losses)
+        return losses
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
