@@ -9,7 +9,9 @@ from ampkit.cli import build_parser
 
 CONTRACT = {
     "doctor": ["--precision", "--json"],
-    "train": ["--task", "--precision", "--steps", "--seed", "--out", "--ckpt-every", "--resume", "--log-every"],
+    "train": ["--task", "--precision", "--steps", "--seed", "--out", "--ckpt-every", "--resume", "--log-every",
+              "--strategy", "--nproc", "--max-restarts", "--init-scale", "--callback", "--stop-signal",
+              "--stop-check-every"],
     "compare": ["--task", "--precision", "--seeds", "--steps", "--out"],
     "audit": ["--task", "--precision", "--json"],
     "diagnose": ["--steps", "--json"],

@@ -11,6 +11,7 @@ backend and debugging variables.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -171,9 +172,6 @@ class Device:
         if self.type in ("musa", "cuda", "xpu") and self.index is not None:
             self.module.set_device(self.index)
 
-    def memory_allocated(self) -> int | None:
-        return self._mem_call("memory_allocated")
-
     def max_memory_allocated(self) -> int | None:
         """Peak bytes allocated since the last :meth:`reset_peak_memory_stats`; None on the CPU."""
         return self._mem_call("max_memory_allocated")
@@ -268,9 +266,16 @@ class Device:
             try:
                 setattr(obj, attr, enabled)
                 done[name] = enabled
-            except Exception:  # noqa: BLE001 - a read-only property on some builds
+            except (AttributeError, RuntimeError):  # a read-only property on some builds
                 continue
         return done
+
+    def restore_tf32(self, before: dict[str, bool]) -> None:
+        """Put each switch named in ``before`` (from :meth:`tf32_switches`) back to its value."""
+        for name, obj, attr in self._tf32_targets():
+            if name in before:
+                with contextlib.suppress(AttributeError, RuntimeError):  # read-only on some builds
+                    setattr(obj, attr, before[name])
 
     def _tf32_targets(self) -> list[tuple[str, Any, str]]:
         targets: list[tuple[str, Any, str]] = []

@@ -74,9 +74,6 @@ class Capabilities:
     collectives: Support
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def supports(self, name: str) -> bool:
-        return bool(self.dtypes[name].supported)
-
 
 @dataclass(frozen=True)
 class ProbeResult:

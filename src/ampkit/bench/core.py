@@ -175,8 +175,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
             _ratios(rows)
             report({"event": "row", "row": row})
     finally:
-        if tf32_before:
-            device.set_tf32(all(tf32_before.values()))
+        device.restore_tf32(tf32_before)  # each switch to its own value (cuBLAS and cuDNN differ by default)
     _ratios(rows)
     result: dict[str, Any] = {
         "schema": 1,
