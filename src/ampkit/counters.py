@@ -12,8 +12,21 @@ from __future__ import annotations
 import torch
 
 from ampkit import compat
+from ampkit.errors import TrainingHalted
 
-__all__ = ["DeviceCounters"]
+__all__ = ["DeviceCounters", "check_skip_limit"]
+
+
+def check_skip_limit(max_consec: float, limit: int | None, *, step: int, scale: float | None, scaler: bool) -> None:
+    """Raise :class:`~ampkit.errors.TrainingHalted` when ``max_consec`` skipped steps in a row reach ``limit``."""
+    if limit is None or max_consec < limit:
+        return
+    at = f" (scale {scale:g})" if scale is not None else ""
+    raise TrainingHalted(
+        f"{int(max_consec)} optimizer steps in a row had non-finite gradients{at}: training stopped at "
+        f"step {step}. Find the cause with `ampkit diagnose SCRIPT` "
+        + ("(and try --precision bf16 where the card has it, or a lower learning rate)"
+           if scaler else "(and try a lower learning rate or --precision fp32)"))
 
 
 class DeviceCounters:
