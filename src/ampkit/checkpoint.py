@@ -252,10 +252,10 @@ def _check_window(amp: Any, step: int) -> None:
     if amp is None:
         return
     window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    micro = int(amp.state_dict().get("micro", 0))
-    if window > 1 and micro % window:
+    pending = int(amp.accumulation_pending)  # per optimizer: right for several optimizers too
+    if window > 1 and pending:
         raise CheckpointError(
-            f"step {step}: saved in the middle of an accumulation window ({micro % window} of {window} micro-steps "
+            f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
             f"amp.step() call that ends a window (one in every {window} calls)")
 
@@ -277,6 +277,8 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
     _check_window(amp, step)
+    if amp is not None:
+        amp.sync_schedulers()  # schedulers driven on the device: their state_dict() is exact after this
     state = {
         "format": FORMAT,
         "version": VERSION,

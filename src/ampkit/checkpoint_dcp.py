@@ -94,6 +94,8 @@ class RunCheckpoints:
         """Write the checkpoint of ``step`` (every rank calls this; it returns when the checkpoint is complete)."""
         extra = dict(extra or {})
         if scheduler is not None:
+            if amp is not None:
+                amp.sync_schedulers()  # a scheduler driven on the device is exact after this
             extra["scheduler"] = scheduler.state_dict()
         if not self.sharded:
             path = self.files.path_for(step)

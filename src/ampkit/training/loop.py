@@ -34,9 +34,8 @@ def batch_to(batch: Any, device: Device) -> Any:
 
 
 def _step(run: Run) -> None:
-    """The optimizer step of the engine, then the scheduler (once per optimizer step)."""
-    if run.amp.step(run.optimizer) and run.scheduler is not None:
-        run.scheduler.step()
+    """The optimizer step of the engine; the scheduler advances only on applied (not skipped) steps."""
+    run.amp.step(run.optimizer, scheduler=run.scheduler)
 
 
 def _lr(optimizer: torch.optim.Optimizer) -> float | None:
