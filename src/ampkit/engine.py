@@ -282,11 +282,11 @@ class MixedPrecision:
 
     # ------------------------------------------------------------------ step helpers
     def _check_weights(self, optimizer: torch.optim.Optimizer) -> None:
-        params = _step.params_of([optimizer])
-        if self._checked.get(optimizer) == len(params):
+        count = sum(len(g["params"]) for g in optimizer.param_groups)  # cheap: re-check only when it changes
+        if self._checked.get(optimizer) == count:
             return
-        _step.check_weights(params, self.precision.name, self.scaler is not None)
-        self._checked[optimizer] = len(params)
+        _step.check_weights(_step.params_of([optimizer]), self.precision.name, self.scaler is not None)
+        self._checked[optimizer] = count
 
     def sync_schedulers(self) -> None:
         """Bring every scheduler driven on the device (fused optimizers) to its true position: its
