@@ -49,10 +49,10 @@ class DeviceCounters:
     def count(self, found: torch.Tensor, norm: torch.Tensor) -> None:
         """Record one step: ``found`` 1.0 when it was skipped; ``norm`` the gradient norm."""
         skipped, consec, max_consec, last_norm, last, one = self._views
-        torch._foreach_add_([skipped, consec], [found, one])
+        compat.foreach_add_([skipped, consec], [found, one])
         consec.mul_(found)
         torch.maximum(max_consec, consec, out=max_consec)
-        torch._foreach_copy_([last_norm, last], [norm.detach().float(), found])
+        compat.foreach_copy_([last_norm, last], [norm.detach().float(), found])
 
     @property
     def last_skipped(self) -> torch.Tensor:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ampkit import compat
 from ampkit.errors import UsageError
 from ampkit.step import is_fused
 
@@ -109,7 +110,7 @@ class DeviceSchedule:
         if self.exhausted:  # past the end the last rate stays; sync() then raises the scheduler's own error
             index = index.clamp(max=self.table.shape[0] - 1)
         rows = self.table.index_select(0, index)[0]
-        torch._foreach_copy_(self.lrs, list(rows.unbind()))
+        compat.foreach_copy_(self.lrs, list(rows.unbind()))
 
     def sync(self) -> None:
         """Put the scheduler object at the device's position (one host read)."""
