@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import io
 import os
 import pickle
 import random
@@ -203,13 +205,27 @@ _SEQUENCES = (list, tuple, set)
 _MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
 
 
+@functools.cache
+def _weights_only_loads(kind: type) -> bool:
+    """Whether this torch's ``weights_only=True`` loader rebuilds ``kind`` (complex numbers and sets came in
+    later releases than torch 2.5): asked of torch itself once, with a tiny value."""
+    sample = {complex: 1j, set: {1}}[kind]
+    buf = io.BytesIO()
+    torch.save(sample, buf)
+    buf.seek(0)
+    try:
+        return torch.load(buf, weights_only=True) == sample
+    except Exception:  # noqa: BLE001 - the unpickler's refusal type differs between releases
+        return False
+
+
 def check_loadable(value: Any, where: str) -> None:
     """Raise a one-line :class:`CheckpointError` naming the first key of ``value`` that
     ``torch.load(weights_only=True)`` would refuse (an object, a function, a numpy array, ...)."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _PLAIN and (kind is not complex or _weights_only_loads(complex)):
         return
-    if kind in _SEQUENCES:
+    if kind in _SEQUENCES and (kind is not set or _weights_only_loads(set)):
         for i, item in enumerate(value):
             check_loadable(item, f"{where}[{i}]" if kind is not set else f"{where} item {_fmt(item)}")
         return
@@ -252,7 +268,7 @@ def _check_window(amp: Any, step: int) -> None:
     if amp is None:
         return
     window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    pending = int(amp.accumulation_pending)  # per optimizer: right for several optimizers too
+    pending = int(amp.accumulation_pending)  # counted per optimizer: right for several optimizers too
     if window > 1 and pending:
         raise CheckpointError(
             f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
@@ -277,8 +293,9 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
     _check_window(amp, step)
-    if amp is not None:
-        amp.sync_schedulers()  # schedulers driven on the device: their state_dict() is exact after this
+    # The engine's state first: it brings schedulers it drives on the device to their true position, so the
+    # scheduler states saved next are current (before it, their last_epoch lags the applied steps).
+    amp_state = amp.state_dict() if amp is not None else None
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -286,7 +303,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
         "model": _model_state(model),
         "optimizer": _states(optimizer),
         "scheduler": _states(scheduler),
-        "amp": amp.state_dict() if amp is not None else None,
+        "amp": amp_state,
         "rng": rng_state(device or _device_of(model, amp)),
         "extra": extra or {},
     }

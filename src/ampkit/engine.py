@@ -75,6 +75,10 @@ class MixedPrecision:
         set_tf32: apply ``precision.tf32`` to the backend's TF32 switches (global torch state).
         graph: :meth:`graph_step` captures the whole step as one device graph where it can.
         agree: makes the skip flag the same on every rank (``ampkit.distributed``); None for one process.
+
+    >>> amp = ampkit.MixedPrecision("fp32", max_grad_norm=1.0, device=ampkit.Device("cpu"))
+    >>> amp.scaler is None, amp.stats()["steps"]
+    (True, 0)
     """
 
     def __init__(self, precision: Precision | str | torch.dtype | None = None, *,

@@ -34,7 +34,8 @@ def batch_to(batch: Any, device: Device) -> Any:
 
 
 def _step(run: Run) -> None:
-    """The optimizer step of the engine; the scheduler advances only on applied (not skipped) steps."""
+    """The engine's optimizer step; it advances the scheduler only where the step was applied (a skipped
+    step leaves the schedule where it was, without a host read where the optimizer is fused)."""
     run.amp.step(run.optimizer, scheduler=run.scheduler)
 
 
