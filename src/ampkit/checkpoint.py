@@ -268,10 +268,10 @@ def _check_window(amp: Any, step: int) -> None:
     if amp is None:
         return
     window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    micro = int(amp.state_dict().get("micro", 0))
-    if window > 1 and micro % window:
+    pending = int(amp.accumulation_pending)  # counted per optimizer: right for several optimizers too
+    if window > 1 and pending:
         raise CheckpointError(
-            f"step {step}: saved in the middle of an accumulation window ({micro % window} of {window} micro-steps "
+            f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
             f"amp.step() call that ends a window (one in every {window} calls)")
 

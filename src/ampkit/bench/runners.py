@@ -103,12 +103,11 @@ def _ampkit(ctx: Ctx) -> Built:
     opt = _optimizer(ctx, **_fused(ctx))
     fwd = ctx.forward
 
+    def loss_fn(_model: Any, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return fwd(b)  # the (maybe compiled) model + loss
+
     def step(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        with amp.autocast():
-            loss = fwd(b)
-        amp.backward(loss)
-        amp.step(opt)
-        return loss.detach()
+        return amp.train_step(ctx.model, loss_fn, [b], opt)[0]  # the engine's one eager step
 
     def finish() -> dict[str, Any]:
         s = amp.stats()
