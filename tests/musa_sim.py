@@ -103,21 +103,27 @@ def simulated_probe_factory(bf16_ok: bool, fp16_ok: bool, vendor_error: str):
     return probe
 
 
-def install_musa(monkeypatch, name: str, *, version: str = "2.7.1", v29_matmul: bool = False):
-    """Register a simulated torch.musa for card ``name`` (see CARDS)."""
+def install_musa(monkeypatch, name: str, *, version: str = "2.7.1", v29_matmul: bool = False,
+                 bf16_probe_passes: bool = False, tf32_on: bool = False):
+    """Register a simulated torch.musa for card ``name`` (see CARDS).
+
+    ``bf16_probe_passes``: the run-time BF16 probe succeeds even where the card has no BF16 (the emulation
+    trap at its worst: a small op happens to run). ``tf32_on``: the TF32 switches start True (torch_musa
+    v2.7's default for mudnn)."""
     from ampkit import hardware
 
     module = make_musa_module(name, version=version)
     monkeypatch.setattr(torch, "musa", module, raising=False)
     monkeypatch.setattr(torch.version, "musa", "4.0.0", raising=False)
-    mudnn = types.SimpleNamespace(allow_tf32=False)
+    mudnn = types.SimpleNamespace(allow_tf32=tf32_on)
     monkeypatch.setattr(torch.backends, "mudnn", mudnn, raising=False)
     if v29_matmul:
-        monkeypatch.setattr(torch.backends, "musa", types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False)),
-                            raising=False)
+        monkeypatch.setattr(torch.backends, "musa",
+                            types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=tf32_on)), raising=False)
     _, bf16_ok, fp16_ok = CARDS[name]
     monkeypatch.setattr(hardware, "probe_dtype",
-                        simulated_probe_factory(bf16_ok, fp16_ok, "MUSA error: invalid device function (bf16 on mp_21)"))
+                        simulated_probe_factory(bf16_ok or bf16_probe_passes, fp16_ok,
+                                                "MUSA error: invalid device function (bf16 on mp_21)"))
     return module
 
 

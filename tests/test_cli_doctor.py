@@ -56,3 +56,10 @@ def test_bad_input_one_line_exit_2(argv):
 def test_help_has_examples():
     proc = subprocess.run([sys.executable, "-m", "ampkit", "doctor", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "examples:" in proc.stdout
+
+
+@pytest.mark.parametrize("spelling", ["BF16", "Bfloat16", " fp32 "])
+def test_precision_flag_takes_the_api_spellings(spelling, capsys):
+    # The CLI and the Python API accept the same names (resolve_precision("BF16") works too).
+    assert main(["doctor", "--precision", spelling]) == 0
+    assert "usable" in capsys.readouterr().out

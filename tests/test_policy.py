@@ -3,7 +3,7 @@ import torch
 
 from ampkit.device import Device
 from ampkit.errors import PrecisionUnsupported, UsageError
-from ampkit.policy import apply_tf32, resolve_precision
+from ampkit.policy import apply_tf32, bf16_advice, resolve_precision, supports, tf32_applied
 
 
 def test_auto_on_cpu_picks_bf16_with_reason():
@@ -27,7 +27,7 @@ def test_precision_is_frozen():
 
 def test_unknown_precision():
     with pytest.raises(UsageError):
-        resolve_precision("fp8", Device("cpu"))
+        resolve_precision("fp4", Device("cpu"))  # fp8 is a precision now (ampkit.fp8)
 
 
 def test_s80_refuses_bf16_naming_card_and_fix(simulated_musa):
@@ -71,3 +71,83 @@ def test_tf32_on_a_card_without_it(simulated_cuda):
     simulated_cuda((7, 0))
     with pytest.raises(PrecisionUnsupported, match="no TF32"):
         resolve_precision("fp16", tf32=True)
+
+
+def test_s80_with_a_passing_bf16_probe_still_refuses_bf16(simulated_musa):
+    # The emulation trap at its worst: BF16 tensors can be made and a small probe even runs. The card table
+    # (QY1 has no BF16) wins, the refusal says the probe passed but was not used, and auto picks FP16.
+    simulated_musa("MTT S80", bf16_probe_passes=True)
+    with pytest.raises(PrecisionUnsupported) as e:
+        resolve_precision("bf16")
+    assert "supports FP16 only: use --precision fp16" in str(e.value)
+    assert "probe passed: emulation, not used" in str(e.value)
+    auto = resolve_precision("auto")
+    assert auto.name == "fp16" and auto.use_scaler
+    assert not supports("bf16") and supports("fp16")
+    assert bf16_advice() == "lower the learning rate"
+
+
+@pytest.mark.parametrize("card", ["s4000", "a100"])
+def test_fp32_on_an_accelerator_leaves_tf32_off(card, simulated_musa, simulated_cuda, monkeypatch):
+    # --precision fp32 means FP32 matmuls: TF32 stays off, and no switch is ever set to True.
+    if card == "s4000":
+        simulated_musa("MTT S4000", v29_matmul=True, tf32_on=False)
+    else:
+        simulated_cuda((8, 0))
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    prec = resolve_precision("fp32")
+    assert prec.tf32 is False
+    with tf32_applied(prec) as switched:
+        assert switched and not any(switched.values())
+        assert not any(prec.device.tf32_switches().values())
+    assert not any(prec.device.tf32_switches().values())
+
+
+def test_tf32_context_restores_each_switch_to_its_own_value(simulated_cuda, monkeypatch):
+    simulated_cuda((8, 0))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # torch's defaults: mixed
+    before = {"torch.backends.cuda.matmul.allow_tf32": False, "torch.backends.cudnn.allow_tf32": True}
+    for tf32 in (False, True):
+        prec = resolve_precision("fp32", tf32=tf32)
+        with tf32_applied(prec):
+            assert set(prec.device.tf32_switches().values()) == {tf32}
+        assert prec.device.tf32_switches() == before
+
+
+@pytest.mark.parametrize("capability", [(7, 0)])
+def test_fp32_with_tf32_is_checked_like_every_precision(simulated_cuda, capability):
+    simulated_cuda(capability)
+    with pytest.raises(PrecisionUnsupported, match="no TF32"):
+        resolve_precision("fp32", tf32=True)
+
+
+def test_fp32_with_tf32_refused_on_the_cpu():
+    with pytest.raises(PrecisionUnsupported, match="no TF32"):
+        resolve_precision("fp32", Device("cpu"), tf32=True)
+
+
+def test_fp32_with_tf32_refused_on_s80(simulated_musa):
+    simulated_musa("MTT S80")
+    with pytest.raises(PrecisionUnsupported, match="MTT S80.*no TF32"):
+        resolve_precision("fp32", tf32=True)
+
+
+@pytest.mark.parametrize("requested,name", [
+    ("BF16", "bf16"), (" Fp16 ", "fp16"), ("FP32", "fp32"), ("bfloat16", "bf16"), ("half", "fp16"),
+    (torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"),
+])
+def test_precision_names_dtypes_any_case(requested, name):
+    assert resolve_precision(requested, "cpu").name == name
+
+
+def test_precision_object_passes_through():
+    p = resolve_precision("fp16", "cpu")
+    assert resolve_precision(p) is p
+
+
+@pytest.mark.parametrize("bad", [torch.int8, torch.float64, 3, None.__class__])
+def test_bad_precision_types_are_usage_errors(bad):
+    with pytest.raises(UsageError, match="precision"):
+        resolve_precision(bad, "cpu")

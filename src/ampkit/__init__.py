@@ -29,6 +29,8 @@ _EXPORTS = {
     "load_task": "ampkit.tasks",
     "train": "ampkit.trainer",
     "TrainConfig": "ampkit.trainer",
+    "Callback": "ampkit.training.callbacks",
+    "TrainState": "ampkit.training.callbacks",
     "compare": "ampkit.verify.compare",
     "audit": "ampkit.verify.audit",
     "AmpkitError": "ampkit.errors",

@@ -277,6 +277,9 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
     _check_window(amp, step)
+    # The engine's state first: it brings schedulers it drives on the device to their true position, so the
+    # scheduler states saved next are current (before it, their last_epoch lags the applied steps).
+    amp_state = amp.state_dict() if amp is not None else None
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -284,7 +287,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
         "model": _model_state(model),
         "optimizer": _states(optimizer),
         "scheduler": _states(scheduler),
-        "amp": amp.state_dict() if amp is not None else None,
+        "amp": amp_state,
         "rng": rng_state(device or _device_of(model, amp)),
         "extra": extra or {},
     }

@@ -1,6 +1,15 @@
 """Names the CLI needs before torch is imported (``ampkit migrate --help`` should not load torch)."""
 
-PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32")
+PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8")
+# Other spellings people use, in any case: the CLI and the Python API accept the same ones.
+PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+                     "float8": "fp8"}
+
+
+def precision_name(value: str) -> str:
+    """``"BF16"``, ``" bfloat16 "`` -> ``"bf16"``; an unknown name is returned lower-cased, for the caller to refuse."""
+    name = str(value).strip().lower()
+    return PRECISION_ALIASES.get(name, name)
 BENCH_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 BENCH_PEERS = ("accelerate", "fabric")
 BENCH_RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", *BENCH_PEERS)

@@ -11,6 +11,7 @@ backend and debugging variables.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -78,6 +79,10 @@ class Device:
     """One compute device. Cheap, hashable, and safe to pass around.
 
     ``type`` is one of :data:`DEVICE_TYPES`; ``index`` is None for the CPU.
+
+    >>> dev = ampkit.Device("cpu")
+    >>> dev.torch_device, dev.is_accelerator, dev.collective_backend
+    (device(type='cpu'), False, 'gloo')
     """
 
     type: str
@@ -170,9 +175,6 @@ class Device:
         """Make this the current device of its backend (needed before NCCL/MCCL init)."""
         if self.type in ("musa", "cuda", "xpu") and self.index is not None:
             self.module.set_device(self.index)
-
-    def memory_allocated(self) -> int | None:
-        return self._mem_call("memory_allocated")
 
     def max_memory_allocated(self) -> int | None:
         """Peak bytes allocated since the last :meth:`reset_peak_memory_stats`; None on the CPU."""
@@ -268,9 +270,16 @@ class Device:
             try:
                 setattr(obj, attr, enabled)
                 done[name] = enabled
-            except Exception:  # noqa: BLE001 - a read-only property on some builds
+            except (AttributeError, RuntimeError):  # a read-only property on some builds
                 continue
         return done
+
+    def restore_tf32(self, before: dict[str, bool]) -> None:
+        """Put each switch named in ``before`` (from :meth:`tf32_switches`) back to its value."""
+        for name, obj, attr in self._tf32_targets():
+            if name in before:
+                with contextlib.suppress(AttributeError, RuntimeError):  # read-only on some builds
+                    setattr(obj, attr, before[name])
 
     def _tf32_targets(self) -> list[tuple[str, Any, str]]:
         targets: list[tuple[str, Any, str]] = []
@@ -413,6 +422,12 @@ def detect_device(spec: str | None = None) -> Device:
     ``spec`` (e.g. from ``--device``) wins, then ``$AMPKIT_DEVICE``, then the first available of
     musa, cuda, xpu, mps, cpu. An explicit device that is not available is an error, not a
     silent fall back to the CPU.
+
+    >>> ampkit.detect_device("cpu")
+    Device(type='cpu', index=None)
+    >>> ampkit.detect_device("cuda:7")        # doctest: +SKIP
+    Traceback (most recent call last):
+    ampkit.errors.DeviceError: ...
     """
     spec = spec or os.environ.get(ENV_VAR) or None
     if spec:

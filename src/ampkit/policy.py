@@ -11,7 +11,9 @@ autocast and scaler disabled, nothing else changes.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -19,18 +21,25 @@ from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported, UsageError
 from ampkit.hardware import Capabilities, capabilities
 
-__all__ = ["Precision", "resolve_precision", "PRECISION_CHOICES", "apply_tf32"]
+__all__ = ["Precision", "resolve_precision", "PRECISION_CHOICES", "apply_tf32", "restore_tf32", "tf32_applied",
+           "supports", "bf16_advice"]
 
-from ampkit.choices import PRECISION_CHOICES  # noqa: E402  (re-exported)
+from ampkit.choices import PRECISION_CHOICES, precision_name  # noqa: E402  (PRECISION_CHOICES re-exported)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+# fp8: BF16 autocast around torchao's FP8 linear layers (ampkit.fp8.convert); not a dtype of its own here.
+_AUTOCAST_DTYPES = {**_DTYPES, "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Precision:
-    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why."""
+    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why.
 
-    name: str  # "fp32" | "bf16" | "fp16"
+    >>> p = ampkit.resolve_precision("fp32", "cpu")
+    >>> p.name, p.dtype, p.use_scaler, p.autocast_enabled
+    ('fp32', torch.float32, False, False)
+    """
+
+    name: str  # "fp32" | "bf16" | "fp16" | "fp8" (BF16 autocast + FP8 linear layers from ampkit.fp8.convert)
     dtype: torch.dtype  # autocast compute dtype (float32 for fp32: autocast disabled)
     use_scaler: bool  # true only for fp16
     tf32: bool  # TF32 for the FP32 matmuls that remain
@@ -43,16 +52,26 @@ class Precision:
 
     @property
     def is_low_precision(self) -> bool:
-        return self.name in ("bf16", "fp16")
+        return self.name in ("bf16", "fp16", "fp8")
 
     def autocast(self) -> torch.autocast:
         """``torch.autocast`` for this precision on its device (disabled for fp32)."""
         return torch.autocast(device_type=self.device.type, dtype=self.dtype, enabled=self.autocast_enabled)
 
 
-def _normalise(requested: str) -> str:
-    name = str(requested).strip().lower()
-    name = _ALIASES.get(name, name)
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+def _normalise(requested: "str | torch.dtype") -> str:
+    if isinstance(requested, torch.dtype):
+        if requested not in _DTYPE_NAMES:
+            raise UsageError(f"unsupported precision dtype {requested}: use torch.float32, torch.bfloat16 or "
+                             "torch.float16 (or a name: " + ", ".join(PRECISION_CHOICES) + ")")
+        return _DTYPE_NAMES[requested]
+    if not isinstance(requested, str):
+        raise UsageError(f"precision must be a name ({', '.join(PRECISION_CHOICES)}), a torch.dtype or a "
+                         f"Precision, got {type(requested).__name__}")
+    name = precision_name(requested)
     if name not in PRECISION_CHOICES:
         raise UsageError(f"unknown precision {requested!r}: use one of {', '.join(PRECISION_CHOICES)}")
     return name
@@ -98,7 +117,7 @@ def _refusal(caps: Capabilities, name: str) -> str:
 
 
 def resolve_precision(
-    requested: str = "auto",
+    requested: "str | torch.dtype | Precision" = "auto",
     device: Device | str | None = None,
     *,
     tf32: bool | None = None,
@@ -110,15 +129,28 @@ def resolve_precision(
     ``auto`` picks BF16 where supported, else FP16 (with a loss scaler), else FP32, and
     says why. An explicit ``bf16``/``fp16`` the device cannot do raises
     :class:`~ampkit.errors.PrecisionUnsupported`. ``tf32`` (default: off for ``fp32``, on for
-    AMP where the card has TF32) controls TF32 for the FP32 matmuls.
+    AMP where the card has TF32) controls TF32 for the FP32 matmuls; ``tf32=True`` on a card
+    without TF32 is refused, for ``fp32`` too.
+
+    ``requested`` may be a name in any case (``"BF16"``), a ``torch.dtype`` (``torch.bfloat16``) or a
+    :class:`Precision`, which is returned as it is.
+
+    >>> resolve_precision(torch.float32, "cpu").name
+    'fp32'
+    >>> prec = ampkit.resolve_precision("auto", "cpu")
+    >>> prec.name in ("bf16", "fp16", "fp32"), prec.reason.startswith("auto:")
+    (True, True)
     """
+    if isinstance(requested, Precision):
+        return requested
     name = _normalise(requested)
     if isinstance(device, str):
         device = detect_device(device)
     device = device or detect_device()
-    if name == "fp32" and caps is None:
-        return _make("fp32", device, tf32=bool(tf32), reason="FP32 requested: autocast and loss scaling disabled")
-    caps = caps or capabilities(device, probe=probe)
+    if name == "fp32" and caps is None and not tf32:
+        # Nothing to check: FP32 without TF32 runs everywhere, so no probe is paid for it.
+        return _make("fp32", device, tf32=False, reason="FP32 requested: autocast and loss scaling disabled")
+    caps = caps or capabilities(device, probe=probe, fp8_probe=probe and name == "fp8")
     has_tf32 = bool(caps.tf32.supported)
     if tf32 and not has_tf32:
         raise PrecisionUnsupported(f"{_card_label(caps)} has no TF32: drop --tf32")
@@ -138,11 +170,32 @@ def resolve_precision(
                 return _make(cand, device, tf32=use_tf32, reason=f"auto: {label} supports {cand.upper()} ({src}): {why}")
         return _make("fp32", device, tf32=use_tf32,
                      reason=f"auto: {label} supports neither BF16 nor FP16 here: FP32")
+    if name == "fp8":
+        return _resolve_fp8(caps, device, tf32=use_tf32)
     support = caps.dtypes[name]
     if not support.supported:
         raise PrecisionUnsupported(_refusal(caps, name))
     src = support.provenance + (f", {support.detail}" if support.detail else "")
     return _make(name, device, tf32=use_tf32, reason=f"{name.upper()} requested; {_card_label(caps)} supports it ({src})")
+
+
+def _resolve_fp8(caps: Capabilities, device: Device, *, tf32: bool) -> Precision:
+    """FP8 needs FP8 matmuls and BF16 (the autocast around them) on the card, and torchao installed."""
+    if not (caps.fp8.supported and caps.dtypes["bf16"].supported):
+        ok = _supported_list(caps)
+        has = " and ".join(n.upper() for n in ok) if ok else "neither BF16 nor FP16"
+        missing = "FP8" if not caps.fp8.supported else "BF16 (the autocast FP8 training runs in)"
+        evidence = _evidence(caps.fp8 if not caps.fp8.supported else caps.dtypes["bf16"])
+        raise PrecisionUnsupported(f"{_card_label(caps)} has no FP8 training (it supports {has}; {missing}: "
+                                   f"{evidence}): use --precision {ok[0] if ok else 'fp32'}")
+    from ampkit.fp8 import torchao_missing
+
+    missing = torchao_missing()
+    if missing:
+        raise PrecisionUnsupported(missing)
+    src = caps.fp8.provenance + (f", {caps.fp8.detail}" if caps.fp8.detail else "")
+    return _make("fp8", device, tf32=tf32, reason=f"FP8 requested; {_card_label(caps)} supports it ({src}): "
+                                                  "BF16 autocast with torchao FP8 linear layers, no loss scaling")
 
 
 def _why_not(caps: Capabilities, name: str) -> str:
@@ -155,7 +208,7 @@ def _why_not(caps: Capabilities, name: str) -> str:
 def _make(name: str, device: Device, *, tf32: bool, reason: str) -> Precision:
     return Precision(
         name=name,
-        dtype=_DTYPES[name],
+        dtype=_AUTOCAST_DTYPES[name],
         use_scaler=name == "fp16",
         tf32=tf32,
         reason=reason,
@@ -164,5 +217,53 @@ def _make(name: str, device: Device, *, tf32: bool, reason: str) -> Precision:
 
 
 def apply_tf32(precision: Precision) -> dict[str, bool]:
-    """Set the device's TF32 switches to ``precision.tf32``; returns what was set, by name."""
+    """Set the device's TF32 switches to ``precision.tf32``; returns what was set, by name.
+
+    This changes process-wide torch state: undo it with :func:`restore_tf32` (or use
+    :func:`tf32_applied`), passing what ``precision.device.tf32_switches()`` returned before.
+    """
     return precision.device.set_tf32(precision.tf32)
+
+
+def restore_tf32(device: Device, before: dict[str, bool]) -> None:
+    """Put every TF32 switch back to the value it had (``before``: ``device.tf32_switches()``)."""
+    device.restore_tf32(before)
+
+
+@contextlib.contextmanager
+def tf32_applied(precision: Precision) -> Iterator[dict[str, bool]]:
+    """TF32 switches set for ``precision`` inside the block, each restored to its own old value after.
+
+    >>> prec = resolve_precision("fp32", "cpu")
+    >>> with tf32_applied(prec) as switched:
+    ...     pass                       # the CPU has no TF32 switches: nothing is set
+    >>> switched
+    {}
+    """
+    before = precision.device.tf32_switches()
+    try:
+        yield apply_tf32(precision)
+    finally:
+        restore_tf32(precision.device, before)
+
+
+def supports(name: "str | torch.dtype", device: Device | str | None = None, *, probe: bool = True) -> bool:
+    """Whether ``--precision name`` would be accepted here: the same strict decision as
+    :func:`resolve_precision` (card table first, probe second; emulated BF16 is a no).
+
+    >>> supports("fp32", "cpu")
+    True
+    """
+    try:
+        resolve_precision(name, device, probe=probe)
+    except PrecisionUnsupported:
+        return False
+    return True
+
+
+def bf16_advice(device: Device | str | None = None) -> str:
+    """The one "what to do when FP16 keeps overflowing" advice: BF16 where the card has it, else a
+    lower learning rate. Used by the scale monitor, compare and diagnose."""
+    if supports("bf16", device):
+        return "use --precision bf16 (this card has BF16: no loss scaling needed)"
+    return "lower the learning rate"

@@ -16,10 +16,11 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision_arg(p: argparse.ArgumentParser, default: str | None = "auto") -> None:
-    from ampkit.choices import PRECISION_CHOICES
+    from ampkit.choices import PRECISION_CHOICES, precision_name
 
-    p.add_argument("--precision", default=default, choices=PRECISION_CHOICES, metavar="P",
-                   help="auto | bf16 | fp16 | fp32")
+    # type= runs before choices= is checked: "BF16" and "bfloat16" mean what they mean in the Python API.
+    p.add_argument("--precision", default=default, type=precision_name, choices=PRECISION_CHOICES, metavar="P",
+                   help=" | ".join(PRECISION_CHOICES) + " (any case; bfloat16/half/float32 also accepted)")
 
 
 def print_json(obj: Any) -> None:

@@ -1,21 +1,19 @@
-"""What a migrate rule reports: :class:`Finding`, and the stable codes with one line each."""
+"""What a migrate rule reports: :class:`Finding`, and the codes migrate can report with their titles.
+
+The codes, titles and generic fixes live in the one registry, :mod:`ampkit.findings`; ``CODES`` is
+migrate's view of it (code -> title, in registry order).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ampkit.findings import MIGRATE, codes, info
+
 __all__ = ["Finding", "CODES"]
 
 # Stable codes (shared with `ampkit diagnose`). Scripts and `--select` depend on the spelling.
-CODES: dict[str, str] = {
-    "deprecated-amp-api": "a deprecated torch.{cuda,cpu,musa}.amp API that was not (or not fully) rewritten",
-    "clip-before-unscale": "gradients clipped while still multiplied by the loss scale",
-    "scaler-with-bf16": "a GradScaler that is always enabled next to a bfloat16 autocast",
-    "unsafe-torch-load": "torch.load without weights_only=True unpickles arbitrary objects",
-    "host-sync-per-step": "a host-device synchronisation (.item(), if torch.isfinite) every training step",
-    "bce-under-autocast": "binary_cross_entropy / BCELoss is refused under autocast",
-    "half-inside-autocast": "a manual .half() / float16 cast inside an autocast region",
-}
+CODES: dict[str, str] = {code: info(code).title for code in codes(MIGRATE)}
 
 
 @dataclass(frozen=True)

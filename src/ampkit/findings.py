@@ -1,0 +1,180 @@
+"""The one finding registry: every stable code that ``ampkit diagnose`` or ``ampkit migrate`` reports,
+with its title, why it matters, the generic fix, and which commands can produce it.
+
+Codes are a promise (DESIGN.md): extend, never rename. A command's finding may carry a more specific
+fix (naming the module, the line or the user's own variables); the text here is the generic one, and
+it lives only here (the docs page ``docs/reference/findings.md`` is checked against it).
+
+>>> from ampkit.findings import info, codes
+>>> info("clip-before-unscale").title
+'gradients clipped while still multiplied by the loss scale'
+>>> "deprecated-amp-api" in codes("migrate")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DIAGNOSE", "MIGRATE", "CodeInfo", "REGISTRY", "codes", "info", "fix_for", "title_for"]
+
+DIAGNOSE = "diagnose"
+MIGRATE = "migrate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeInfo:
+    """One finding code: ``title`` (one line), ``why`` (what goes wrong if it stays), ``fix`` (the generic
+    fix), ``commands`` (which of ``diagnose`` / ``migrate`` can report it)."""
+
+    code: str
+    title: str
+    why: str
+    fix: str
+    commands: tuple[str, ...]
+
+
+def _c(code: str, commands: tuple[str, ...], title: str, why: str, fix: str) -> CodeInfo:
+    return CodeInfo(code=code, title=title, why=why, fix=fix, commands=commands)
+
+
+_BOTH = (DIAGNOSE, MIGRATE)
+
+_ALL: tuple[CodeInfo, ...] = (
+    _c("nonfinite-forward", (DIAGNOSE,),
+       "a forward output became inf/NaN",
+       "an op overflowed its dtype (FP16's largest value is 65504) or hit a singular point; the loss and "
+       "every gradient after it are inf/NaN, so the step is skipped or the weights are destroyed",
+       "keep the named module in FP32 (`ampkit train --fp32-modules MODULE`, `MixedPrecision(..., "
+       "fp32_modules=[\"MODULE\"])`, or by hand `with torch.autocast(device_type, enabled=False): "
+       "y = module(x.float())`), rescale its inputs or weights, or use BF16 where the card has it; "
+       "`ampkit diagnose --fp16-range SCRIPT` predicts which modules overflow FP16"),
+    _c("overflow-absorbed", (DIAGNOSE,),
+       "an op overflowed inside a module whose output stayed finite",
+       "an intermediate op produced inf/NaN in FP16/BF16 and a later op turned it back into finite "
+       "numbers (`x / inf` = 0, `exp(-inf)` = 0, a masked max): the loss stays finite, the GradScaler "
+       "never skips, and the run is silently wrong",
+       "keep the named module in FP32 (`ampkit train --fp32-modules MODULE`, `MixedPrecision(..., "
+       "fp32_modules=[\"MODULE\"])`), or rewrite the op so it cannot overflow (e.g. scale before squaring, "
+       "`torch.linalg.vector_norm`, `F.normalize`); with FP16 start the GradScaler at the scale "
+       "`ampkit diagnose --fp16-range SCRIPT` recommends (`ampkit train --init-scale X`)"),
+    _c("nonfinite-backward", (DIAGNOSE,),
+       "a gradient became inf/NaN",
+       "a backward op overflowed or hit a singular point (sqrt or log at 0, division by 0); the optimizer "
+       "step writes inf/NaN into the weights unless a GradScaler skips it",
+       "guard the op against its singular point (e.g. `torch.sqrt(x + eps)`, `x.clamp_min(eps)`), "
+       "lower the learning rate, or clip gradients"),
+    _c("clip-before-unscale", _BOTH,
+       "gradients clipped while still multiplied by the loss scale",
+       "the clip threshold acts on values multiplied by the loss scale (65536 at the start), so it clips "
+       "far too much, and how much changes whenever the scale does",
+       "call `scaler.unscale_(optimizer)` before clipping (`torch.nn.utils.clip_grad_norm_` or "
+       "`clip_grad_value_`), then `scaler.step(optimizer)` and `scaler.update()`"),
+    _c("fp16-params-with-scaler", (DIAGNOSE,),
+       "FP16 parameters trained with a GradScaler",
+       "torch refuses to unscale FP16 gradients (\"Attempting to unscale FP16 gradients\"), and FP16 "
+       "weights lose every update smaller than their rounding step",
+       "keep the model in FP32 (remove `model.half()` / `.to(torch.float16)`) and let "
+       "`torch.autocast(device_type, dtype=torch.float16)` cast per op: the optimizer then "
+       "updates FP32 master weights and the scaler can unscale FP32 gradients"),
+    _c("fp16-without-scaler", (DIAGNOSE,),
+       "FP16 autocast without a GradScaler: small gradients underflow to zero",
+       "FP16 flushes values below 2^-24 to zero and keeps few bits below 2^-14; without loss scaling many "
+       "gradient elements vanish and those weights stop learning",
+       "create `scaler = torch.amp.GradScaler(device_type)` and use `scaler.scale(loss).backward()`, "
+       "`scaler.step(optimizer)`, `scaler.update()`; or use BF16 where the card has it (`ampkit doctor`)"),
+    _c("dtype-unsupported", (DIAGNOSE,),
+       "a dtype this device cannot run",
+       "the card (or the backend, e.g. FP16 recurrent layers on the CPU) has no kernels for the dtype: the "
+       "run fails, or on some cards runs through slow or unverified emulation",
+       "use the dtype the device supports (`ampkit doctor` names it: BF16 where the card has it; MTT "
+       "S80/S3000: `dtype=torch.float16` with a GradScaler), or check first with "
+       "`ampkit doctor --precision bf16`"),
+    _c("scale-collapse", (DIAGNOSE,),
+       "the loss scale keeps falling",
+       "something overflows FP16 on most steps: the GradScaler skips them and backs off until the scale is "
+       "tiny, and the model stops learning",
+       "run `ampkit diagnose --fp16-range SCRIPT` to find the module, keep it in FP32 "
+       "(`--fp32-modules MODULE`), lower the learning rate or the loss magnitude, or use BF16 where the "
+       "card has it"),
+    _c("scaler-not-checkpointed", (DIAGNOSE,),
+       "checkpoint without the GradScaler state",
+       "a resumed run restarts the scale at its initial value: extra skipped steps and different numbers "
+       "than a run that never stopped",
+       "save `scaler.state_dict()` with the model and optimizer "
+       "(`torch.save({'model': ..., 'optimizer': ..., 'scaler': scaler.state_dict()}, path)`) "
+       "and restore it with `scaler.load_state_dict(...)`"),
+    _c("half-inside-autocast", _BOTH,
+       "manual cast to FP16 inside an autocast region",
+       "autocast already casts per op; a manual cast also forces FP16 on ops autocast keeps in FP32 "
+       "(softmax, norms, losses) and, on a parameter or a model, gives FP16 weights",
+       "remove the manual `.half()` / `.to(torch.float16)`: autocast already casts per op and keeps "
+       "precision-sensitive ops (softmax, norms, losses) in FP32"),
+    _c("host-sync-per-step", _BOTH,
+       "host reads a device value every step",
+       "`.item()`, `float(t)`, `if tensor:` wait for the device to finish all queued work: the host stops "
+       "running ahead and the accelerator idles between steps",
+       "keep values on the device and read them every N steps (`loss.detach()` into a list, "
+       "`torch.stack(...).mean().item()` when logging); let the GradScaler skip non-finite steps "
+       "instead of `if not torch.isfinite(loss)`"),
+    _c("deprecated-amp-api", (MIGRATE,),
+       "deprecated AMP API",
+       "`torch.cuda.amp.*` / `torch.cpu.amp.*` are deprecated (warnings today, removal later) and tie the "
+       "code to one vendor; the device-agnostic `torch.amp` API runs on MUSA, CUDA and the CPU",
+       "run `ampkit migrate --fix PATH`"),
+    _c("unsafe-torch-load", (MIGRATE,),
+       "torch.load without weights_only=True",
+       "a full unpickle runs whatever code the file names",
+       "pass `weights_only=True` where the file holds tensors and state dicts (run `ampkit migrate --fix "
+       "PATH`); for other objects register them with `torch.serialization.add_safe_globals`, or save "
+       "state dicts instead"),
+    _c("hard-coded-device", (MIGRATE,),
+       "an AMP call with the device hard-coded to one vendor",
+       "`torch.amp.autocast(\"cuda\")` / `GradScaler(\"cuda\")` with no device variable in reach runs on that "
+       "vendor only: on MUSA or the CPU autocast is off or the scaler fails",
+       "pass the device in and use its type: `torch.amp.autocast(device.type, ...)`, "
+       "`torch.amp.GradScaler(device.type, ...)`"),
+    _c("scaler-with-bf16", _BOTH,
+       "an enabled GradScaler under BF16 autocast",
+       "BF16 has FP32's exponent range and needs no loss scaling: the scaling, its inf checks and its "
+       "host reads are wasted work",
+       "`torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))`"),
+    _c("bce-under-autocast", _BOTH,
+       "binary_cross_entropy under autocast",
+       "torch refuses `binary_cross_entropy` / `nn.BCELoss` under autocast: a sigmoid in FP16 saturates "
+       "to exactly 0 or 1 and the log then gives inf",
+       "use `torch.nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` on the logits (drop the "
+       "final sigmoid)"),
+    # Not defects of AMP use: how the script itself ended, when diagnose could not map it to a code above.
+    _c("script-error", (DIAGNOSE,),
+       "the script raised",
+       "the script stopped with an exception that is not a known AMP defect; diagnose saw the steps before it",
+       "fix the error shown (the script's own traceback is printed above the findings)"),
+    _c("script-exit", (DIAGNOSE,),
+       "the script exited with a non-zero status",
+       "the script called `sys.exit(N)` (or `exit(N)`) itself; diagnose saw the steps before it",
+       "see the script's own output for why it stopped; pass the arguments it needs after SCRIPT "
+       "(`ampkit diagnose SCRIPT ARGS...`)"),
+)
+
+REGISTRY: dict[str, CodeInfo] = {c.code: c for c in _ALL}
+
+
+def codes(command: str | None = None) -> tuple[str, ...]:
+    """Every code, or those ``command`` (``"diagnose"`` / ``"migrate"``) can report, in registry order."""
+    return tuple(c.code for c in _ALL if command is None or command in c.commands)
+
+
+def info(code: str) -> CodeInfo:
+    """The registry entry of ``code`` (KeyError for an unknown code: codes are a closed, stable set)."""
+    return REGISTRY[code]
+
+
+def fix_for(code: str) -> str:
+    """The generic fix for ``code``."""
+    return REGISTRY[code].fix
+
+
+def title_for(code: str) -> str:
+    """The one-line title of ``code``."""
+    return REGISTRY[code].title
