@@ -246,16 +246,14 @@ def _states(objs: Any) -> Any:
     return objs.state_dict()
 
 
-def _check_window(amp: Any, step: int) -> None:
+def _check_window(amp: Any, amp_state: dict[str, Any], step: int) -> None:
     """Refuse a save between the micro-steps of an accumulation window: the partial gradients are not
     in the checkpoint, so the resumed run would differ from an uninterrupted one."""
-    if amp is None:
-        return
     window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    micro = int(amp.state_dict().get("micro", 0))
-    if window > 1 and micro % window:
+    pending = int(amp_state.get("window", amp_state.get("micro", 0) % window))
+    if pending:
         raise CheckpointError(
-            f"step {step}: saved in the middle of an accumulation window ({micro % window} of {window} micro-steps "
+            f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
             f"amp.step() call that ends a window (one in every {window} calls)")
 
@@ -276,10 +274,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
-    _check_window(amp, step)
     # The engine's state first: it brings schedulers it drives on the device to their true position, so the
     # scheduler states saved next are current (before it, their last_epoch lags the applied steps).
     amp_state = amp.state_dict() if amp is not None else None
+    if amp_state is not None:
+        _check_window(amp, amp_state, step)
     state = {
         "format": FORMAT,
         "version": VERSION,
