@@ -412,3 +412,17 @@ def test_mid_accumulation_save_is_refused(tmp_path):
     amp.backward(model(torch.randn(3, 4)).sum())
     amp.step(opt)  # the window is complete: saving is exact again
     assert load_checkpoint(save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, amp=amp, step=1))["step"] == 1
+
+
+def test_plain_checkpoint_scaler_goes_into_the_engine():
+    """The tutorials' {"model", "optimizer", "scaler"} dict: the GradScaler state feeds an fp16 engine's scaler;
+    an engine without one says the state was dropped."""
+    model, opt = _parts()
+    scaler = torch.amp.GradScaler("cpu", init_scale=128.0)
+    state = {"model_state_dict": model.state_dict(), "optimizer_state_dict": opt.state_dict(),
+             "scaler": scaler.state_dict(), "step": 3}
+    amp = ampkit.MixedPrecision("fp16")
+    r = ampkit.restore(state, model=model, optimizer=opt, amp=amp)
+    assert r.step == 3 and amp.stats()["scale"] == 128.0
+    r = ampkit.restore(state, model=model, optimizer=opt, amp=ampkit.MixedPrecision("bf16"))
+    assert any("scaler state was dropped" in n for n in r.notes)
