@@ -426,3 +426,21 @@ def test_plain_checkpoint_scaler_goes_into_the_engine():
     assert r.step == 3 and amp.stats()["scale"] == 128.0
     r = ampkit.restore(state, model=model, optimizer=opt, amp=ampkit.MixedPrecision("bf16"))
     assert any("scaler state was dropped" in n for n in r.notes)
+
+
+def test_fsdp2_keeps_plain_names_and_its_shards_are_refused_in_one_file(tmp_path):
+    """fully_shard shards in place: the names stay plain, the values are DTensors. torch.load(weights_only=True)
+    would read them back, but a one-file checkpoint of shards cannot feed a plain model: refused, naming DCP."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        names = list(model.state_dict())
+        fully_shard(model)
+        assert list(model.state_dict()) == names
+        with pytest.raises(CheckpointError, match=r'^model\["0.weight"\]: .*DTensor is not loadable .*DCP'):
+            save_checkpoint(tmp_path / "a.pt", model=model, optimizer=None, step=1)
+    finally:
+        dist.destroy_process_group()
