@@ -227,11 +227,13 @@ def test_plain_torch_checkpoint_is_explained_and_restorable(tmp_path):
     msg = str(err.value)
     assert len(msg.splitlines()) == 1
     assert "plain torch checkpoint" in msg and "'model', 'optimizer', 'step'" in msg
-    assert "ampkit.restore(torch.load(" in msg and "weights_only=True" in msg
+    assert f"ampkit.restore(torch.load({str(p)!r}, weights_only=True), model=model, optimizer=optimizer)" in msg
     # ... and what the message says works:
     fresh, fresh_opt = _parts()
-    r = ampkit.restore(torch.load(p, weights_only=True), model=fresh, optimizer=fresh_opt)
-    assert r.step == 7 and any("no RNG state" in n for n in r.notes)
+    sched = torch.optim.lr_scheduler.StepLR(fresh_opt, 1)
+    r = ampkit.restore(torch.load(p, weights_only=True), model=fresh, optimizer=fresh_opt, scheduler=sched)
+    assert r.step == 7 and r.notes[0] == "the checkpoint has no scheduler state: the scheduler starts fresh"
+    assert r.notes[1].startswith("not an ampkit checkpoint: no RNG state was restored") and len(r.notes) == 2
     assert torch.equal(fresh.weight, model.weight)
     assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
 
@@ -245,6 +247,7 @@ def test_model_state_dict_file_is_explained_and_restorable(tmp_path):
     fresh, _ = _parts()
     r = ampkit.restore(torch.load(p, weights_only=True), model=fresh)
     assert r.step == 0 and torch.equal(fresh.bias, model.bias)
+    assert r.notes == ("a model state_dict: only the model was restored (no optimizer, engine or RNG state in it)",)
 
 
 def test_not_a_dict_and_unknown_dicts(tmp_path):
@@ -253,7 +256,7 @@ def test_not_a_dict_and_unknown_dicts(tmp_path):
     with pytest.raises(CheckpointError, match="not an ampkit checkpoint .*holds a list"):
         load_checkpoint(p)
     model, _ = _parts()
-    with pytest.raises(CheckpointError, match="neither an ampkit checkpoint"):
+    with pytest.raises(CheckpointError, match="^restore got a dict that is neither an ampkit checkpoint.*keys: weights$"):
         ampkit.restore({"weights": 1}, model=model)
     with pytest.raises(CheckpointError, match="is a folder"):
         load_checkpoint(tmp_path)

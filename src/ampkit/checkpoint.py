@@ -249,9 +249,9 @@ def _states(objs: Any) -> Any:
 def _check_window(amp: Any, amp_state: dict[str, Any], step: int) -> None:
     """Refuse a save between the micro-steps of an accumulation window: the partial gradients are not
     in the checkpoint, so the resumed run would differ from an uninterrupted one."""
-    window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    pending = int(amp_state.get("window", amp_state.get("micro", 0) % window))
+    pending = int(amp_state.get("window", 0))  # micro-steps since the last update (MixedPrecision.accumulation_pending)
     if pending:
+        window = amp.accumulation_steps
         raise CheckpointError(
             f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
