@@ -128,6 +128,12 @@ _ALL: tuple[CodeInfo, ...] = (
        "pass `weights_only=True` where the file holds tensors and state dicts (run `ampkit migrate --fix "
        "PATH`); for other objects register them with `torch.serialization.add_safe_globals`, or save "
        "state dicts instead"),
+    _c("hard-coded-device", (MIGRATE,),
+       "an AMP call with the device hard-coded to one vendor",
+       "`torch.amp.autocast(\"cuda\")` / `GradScaler(\"cuda\")` with no device variable in reach runs on that "
+       "vendor only: on MUSA or the CPU autocast is off or the scaler fails",
+       "pass the device in and use its type: `torch.amp.autocast(device.type, ...)`, "
+       "`torch.amp.GradScaler(device.type, ...)`"),
     _c("scaler-with-bf16", _BOTH,
        "an enabled GradScaler under BF16 autocast",
        "BF16 has FP32's exponent range and needs no loss scaling: the scaling, its inf checks and its "
