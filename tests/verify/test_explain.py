@@ -133,3 +133,27 @@ def test_module_errors_name_the_absorbed_overflow_in_the_right_module():
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()) and model[0].weight.grad is None
     bf16 = module_errors(model, loss, resolve_precision("bf16", "cpu"))
     assert all(not e.events for e in bf16) and max(e.added for e in bf16) < 0.05  # BF16 has FP32's range
+
+
+def test_recommendation_commands_for_each_kind():
+    import types
+
+    from ampkit.policy import resolve_precision
+    from ampkit.verify.explain import _recommend
+    from ampkit.verify.runs import RunPlan
+
+    plan = RunPlan(make=None, seeds=(0, 1, 2), steps=600, log_every=15, lr=None,
+                   fp32=resolve_precision("fp32", "cpu"), amp=resolve_precision("bf16", "cpu"))
+    ctx = types.SimpleNamespace(plan=plan, task_spec="charlm", task_options={"d_model": 256})
+    base = {"change": "c", "fp32_modules": [], "lr": None, "verdict": "pass"}
+    fp16 = _recommend(ctx, [{**base, "kind": "precision", "precision": "fp16"}])
+    assert fp16["flags"] == "--precision fp16"
+    assert fp16["compare_command"] == "ampkit compare --task charlm --task-arg d_model=256 --precision fp16 --seeds 3 --steps 600"
+    assert fp16["train_command"] == "ampkit train --task charlm --task-arg d_model=256 --precision fp16"
+    lr = {**base, "kind": "lr", "precision": "bf16", "lr": 5e-4}
+    regions = {**base, "kind": "fp32_modules", "precision": "bf16", "fp32_modules": ["head"]}
+    fail = {**regions, "fp32_modules": ["blocks.0"], "verdict": "fail"}
+    best = _recommend(ctx, [lr, fail, regions])  # the fewest FP32 modules win over a learning-rate change
+    assert best["flags"] == "--fp32-modules head" and best["python"].startswith("ampkit.MixedPrecision('bf16', fp32_modules=['head'])")
+    assert _recommend(ctx, [lr])["compare_command"].endswith("--precision bf16 --seeds 3 --steps 600 --lr 0.0005")
+    assert _recommend(ctx, [fail]) is None
