@@ -253,6 +253,13 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
 
     Raises :class:`~ampkit.errors.UsageError` when ``precision`` is (or resolves to) FP32: there is
     nothing to compare against.
+
+    >>> result = ampkit.compare("digits", precision="bf16", seeds=2, steps=20, log_every=5)   # doctest: +SKIP
+    >>> result.verdict, result.reasons                                                     # doctest: +SKIP
+    ('pass', ())
+    >>> result = ampkit.compare("mytask.py:make_task", precision="fp16", explain=True)      # doctest: +SKIP
+    >>> result.explain["recommendation"]["flags"]                                          # doctest: +SKIP
+    '--fp32-modules norm'
     """
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
