@@ -45,8 +45,10 @@ def kind_of(data: dict) -> str:
         return "doctor"
     if "throughput_samples_per_s" in data:
         return "distributed"
-    raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json "
-                      "or the distributed summary)")
+    if str(data.get("benchmark", "")).startswith("fp8"):
+        return "fp8"
+    raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json, "
+                      "the distributed summary or benchmarks/fp8_h200.py)")
 
 
 def _rel(path: Path) -> str:
@@ -80,7 +82,7 @@ def _card(data: dict) -> str:
     device = data.get("device")
     if isinstance(device, dict) and device.get("name"):
         return device["name"]
-    return data.get("machine", "not recorded")
+    return data.get("machine") or data.get("card") or "not recorded"
 
 
 def _torch(data: dict) -> str:
@@ -297,6 +299,35 @@ def distributed_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def fp8_section(files: list[dict]) -> list[str]:
+    """The newest ``benchmarks/fp8_h200.py`` file: BF16 vs FP8 per shape (median over its rounds)."""
+    d = sorted(files, key=lambda d: _date(d))[-1]
+    sources = Sources()
+    letter = sources.ref(d)
+    lines = ["## FP8 training (`benchmarks/fp8_h200.py`)", "",
+             "| model | precision | ms/step | x BF16 tokens/s | per round | peak GiB | source |",
+             "|---|---|---|---|---|---|---|"]
+    for shape, s in d.get("summary", {}).items():
+        dims = d.get("shapes", {}).get(shape, {})
+        label = (f"{shape} (d={dims['d_model']}, {dims['n_layers']} layers, B{dims['batch_size']} x "
+                 f"T{dims['seq_len']})" if dims else shape)
+        lines.append(f"| {label} | bf16 | {_ms(s['bf16_ms'])} | 1 | | {s['bf16_peak_gib']:.1f} | {letter} |")
+        for config in ("fp8-tensorwise", "fp8-rowwise"):
+            if config in s:
+                c = s[config]
+                rounds = ", ".join(f"{x:.3f}" for x in c.get("speedups_per_round", []))
+                lines.append(f"| {label} | {config} | {_ms(c['ms'])} | {_ratio(c['speedup_vs_bf16'])} | {rounds} | "
+                             f"{c['peak_gib']:.1f} | {letter} |")
+    lines += [""] + sources.render(_fp8_method)
+    return lines
+
+
+def _fp8_method(data: dict) -> str:
+    m = data.get("method", {})
+    return (f"torchao {data.get('versions', {}).get('torchao')}; {m.get('compile', '')}; {m.get('rounds')} rounds, "
+            f"{m.get('timed', '')}, {m.get('ms_per_step', '')}; {m.get('optimizer', '')}")
+
+
 # ---------------------------------------------------------------------------------------------- page
 def render(results: list[dict] | None = None) -> str:
     results = load_results() if results is None else results
@@ -329,6 +360,8 @@ def render(results: list[dict] | None = None) -> str:
         out += bench_section(model, models[model]) + [""]
     if by_kind.get("compare"):
         out += compare_section(by_kind["compare"]) + [""]
+    if by_kind.get("fp8"):
+        out += fp8_section(by_kind["fp8"]) + [""]
     if by_kind.get("distributed"):
         out += distributed_section(by_kind["distributed"]) + [""]
     if by_kind.get("doctor"):
