@@ -3,12 +3,16 @@ import subprocess
 import sys
 import textwrap
 
+import pickle
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import ampkit
 from ampkit.checkpoint import CheckpointManager, load_checkpoint, save_checkpoint
-from ampkit.errors import CheckpointError
+from ampkit.errors import CheckpointError, UsageError
 
 
 def _parts():
@@ -110,3 +114,301 @@ def test_rng_state_restores_from_a_device_mapped_checkpoint(tmp_path):
     a = torch.rand(3)
     set_rng_state(state)
     assert torch.equal(a, torch.rand(3))
+
+
+# ---------------------------------------------------------------------------- durability (issue 12, item 4)
+def test_file_and_folder_fsynced_before_and_after_the_rename(tmp_path, monkeypatch):
+    """The temp file is complete and fsynced before os.replace; the folder is fsynced after it."""
+    import stat
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        events.append(("fsync-dir" if stat.S_ISDIR(st.st_mode) else "fsync-file", name, st.st_size))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    model, opt = _parts()
+    final = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=1)
+    kinds = [e[0] for e in events]
+    assert kinds == ["fsync-file", "replace", "fsync-dir"], events
+    _, synced, size = events[0]
+    assert events[1][1] == synced and events[1][2] == str(final)  # the file fsynced is the one renamed
+    assert size == final.stat().st_size  # fsynced after everything was written and flushed
+    assert events[2][1] == str(tmp_path)
+
+
+# ---------------------------------------------------------------------------- save refuses what load refuses
+class _Obj:
+    pass
+
+
+def _loadable_cases():
+    import collections
+
+    return {
+        "object": object(), "instance": _Obj(), "function": len, "class": int, "numpy array": np.zeros(2),
+        "numpy scalar": np.float64(1.0), "frozenset": frozenset({1}), "defaultdict": collections.defaultdict(int),
+        "slice": slice(1, 2), "range": range(3), "path": __import__("pathlib").Path("x"),
+        "generator": torch.Generator(), "set": {1, 2}, "complex": 1 + 2j, "bytes": b"x", "Size": torch.Size([2]),
+        "dtype": torch.float16, "device": torch.device("cpu"), "OrderedDict": collections.OrderedDict(a=1),
+        "Counter": collections.Counter(a=1), "Parameter": nn.Parameter(torch.zeros(2)), "int key": {1: 2},
+        "tuple key": {(1, 2): 3}, "tensor key": {torch.zeros(1): 1}, "object key": {_Obj(): 1},
+        "big int": 2**100, "nan": float("nan"), "bf16 tensor": torch.zeros(2, dtype=torch.bfloat16),
+        "sparse": torch.zeros(2, 2).to_sparse(), "layout": torch.strided, "nested": {"a": [1, (2, {"b": _Obj()})]},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_loadable_cases()))
+def test_save_time_check_agrees_with_weights_only_load(name, tmp_path):
+    """check_loadable refuses a value exactly when torch.load(weights_only=True) refuses it."""
+    import io
+
+    from ampkit.checkpoint import check_loadable
+
+    value = _loadable_cases()[name]
+    buf = io.BytesIO()
+    torch.save({"v": value}, buf)
+    buf.seek(0)
+    try:
+        torch.load(buf, weights_only=True)
+        loads = True
+    except pickle.UnpicklingError:
+        loads = False
+    try:
+        check_loadable({"v": value}, "extra")
+        saves = True
+    except CheckpointError as exc:
+        assert len(str(exc).splitlines()) == 1 and "weights_only=True" in str(exc)
+        saves = False
+    assert saves == loads
+
+
+def test_save_refuses_an_unloadable_extra_naming_the_key(tmp_path):
+    model, opt = _parts()
+    with pytest.raises(CheckpointError, match=r'^extra\["obj"\]: object is not loadable with weights_only=True'):
+        save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=1, extra={"obj": object()})
+    with pytest.raises(CheckpointError, match=r'^extra\["data"\]\[1\]\["pos"\]: numpy.ndarray is not loadable'):
+        save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=1,
+                        extra={"data": [0, {"pos": np.arange(3)}]})
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_save_refuses_a_scheduler_that_does_not_load(tmp_path):
+    """A scheduler whose state holds an object (a callable class as lr_lambda) fails at save, not at resume."""
+    class Warmup:  # a callable object: LambdaLR saves its __dict__, here with an unloadable value
+        def __init__(self):
+            self.fn = _Obj()
+
+        def __call__(self, step):
+            return 1.0
+
+    model, opt = _parts()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, Warmup())
+    with pytest.raises(CheckpointError, match=r'^scheduler\["lr_lambdas"\]\[0\]\["fn"\]: .*_Obj is not loadable'):
+        save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, scheduler=sched, step=1)
+
+
+# ---------------------------------------------------------------------------- files that are not ampkit's
+def test_plain_torch_checkpoint_is_explained_and_restorable(tmp_path):
+    model, opt = _parts()
+    p = tmp_path / "plain.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 7}, p)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(p)
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1
+    assert "plain torch checkpoint" in msg and "'model', 'optimizer', 'step'" in msg
+    assert "ampkit.restore(torch.load(" in msg and "weights_only=True" in msg
+    # ... and what the message says works:
+    fresh, fresh_opt = _parts()
+    r = ampkit.restore(torch.load(p, weights_only=True), model=fresh, optimizer=fresh_opt)
+    assert r.step == 7 and any("no RNG state" in n for n in r.notes)
+    assert torch.equal(fresh.weight, model.weight)
+    assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+
+
+def test_model_state_dict_file_is_explained_and_restorable(tmp_path):
+    model, _ = _parts()
+    p = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), p)
+    with pytest.raises(CheckpointError, match=r"is a model state_dict \(2 tensors\).*model.load_state_dict"):
+        load_checkpoint(p)
+    fresh, _ = _parts()
+    r = ampkit.restore(torch.load(p, weights_only=True), model=fresh)
+    assert r.step == 0 and torch.equal(fresh.bias, model.bias)
+
+
+def test_not_a_dict_and_unknown_dicts(tmp_path):
+    p = tmp_path / "list.pt"
+    torch.save([1, 2], p)
+    with pytest.raises(CheckpointError, match="not an ampkit checkpoint .*holds a list"):
+        load_checkpoint(p)
+    model, _ = _parts()
+    with pytest.raises(CheckpointError, match="neither an ampkit checkpoint"):
+        ampkit.restore({"weights": 1}, model=model)
+    with pytest.raises(CheckpointError, match="is a folder"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ampkit.restore(tmp_path / "nope.pt", model=model)
+
+
+def test_newer_format_is_refused(tmp_path):
+    model, opt = _parts()
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=1)
+    state = torch.load(p, weights_only=True)
+    state["version"] = 99
+    torch.save(state, p)
+    with pytest.raises(CheckpointError, match="newer ampkit.*format 99"):
+        load_checkpoint(p)
+    state["version"] = 1  # an ampkit 0.1 file still loads
+    torch.save(state, p)
+    assert load_checkpoint(p)["step"] == 1
+
+
+def test_bad_calls_are_usage_errors(tmp_path):
+    model, opt = _parts()
+    with pytest.raises(UsageError, match="restore takes a checkpoint path or a state dict, got int"):
+        ampkit.restore(3, model=model)
+    with pytest.raises(UsageError, match="keep must be >= 1"):
+        CheckpointManager(tmp_path, keep=0)
+    with pytest.raises(UsageError, match="step must be a non-negative int"):
+        save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=-1)
+    with pytest.raises(UsageError):
+        save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=1.5)
+
+
+def test_model_that_does_not_fit_is_one_line(tmp_path):
+    model, opt = _parts()
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, step=1)
+    with pytest.raises(CheckpointError, match=r"^the checkpoint's model does not fit Sequential: missing 0.weight, "
+                                              r"0.bias; unexpected weight, bias$"):
+        ampkit.restore(p, model=nn.Sequential(nn.Linear(4, 2)))
+    with pytest.raises(CheckpointError, match=r"^the checkpoint's model does not fit Linear: size mismatch for "
+                                              r"weight") as err:
+        ampkit.restore(p, model=nn.Linear(4, 3))
+    assert len(str(err.value).splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- several optimizers / schedulers
+def _two():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    opts = [torch.optim.AdamW(model[0].parameters(), lr=1e-2), torch.optim.SGD(model[1].parameters(), lr=1e-1)]
+    scheds = [torch.optim.lr_scheduler.StepLR(opts[0], 2), torch.optim.lr_scheduler.LambdaLR(opts[1], lambda s: 0.9**s)]
+    return model, opts, scheds
+
+
+def test_lists_of_optimizers_and_schedulers_round_trip(tmp_path):
+    model, opts, scheds = _two()
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        for o, s in zip(opts, scheds):
+            o.step()
+            s.step()
+            o.zero_grad()
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opts, scheduler=scheds, step=3)
+    fresh, fopts, fscheds = _two()
+    r = ampkit.restore(p, model=fresh, optimizer=fopts, scheduler=fscheds)
+    assert r.step == 3 and r.notes == ()
+    for a, b in zip(fopts, opts):
+        assert repr(a.state_dict()) == repr(b.state_dict())
+    for a, b in zip(fscheds, scheds):
+        assert a.last_epoch == b.last_epoch == 3 and a.get_last_lr() == b.get_last_lr()
+    with pytest.raises(CheckpointError, match=r"has 2 optimizer\(s\), 1 given"):
+        ampkit.restore(p, model=fresh, optimizer=fopts[0])
+    with pytest.raises(CheckpointError, match=r"^the checkpoint's optimizer 1 state does not fit SGD: .*size"):
+        ampkit.restore(p, model=fresh, optimizer=[fopts[0], torch.optim.SGD([fresh[1].weight], lr=0.1)])
+
+
+def test_missing_parts_become_notes(tmp_path):
+    model, opt = _parts()
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=None, step=2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    r = ampkit.restore(p, model=model, optimizer=opt, scheduler=sched, amp=ampkit.MixedPrecision("fp32"))
+    assert any("no optimizer state" in n for n in r.notes)
+    assert any("no scheduler state" in n for n in r.notes)
+    assert any("no engine state" in n for n in r.notes)
+
+
+# ---------------------------------------------------------------------------- wrapped models
+def test_compiled_model_saves_plain_names_and_loads_both_ways(tmp_path):
+    model, opt = _parts()
+    compiled = torch.compile(model)  # wrapping only: nothing is compiled until the first call
+    assert list(compiled.state_dict())[0].startswith("_orig_mod.")
+    p = save_checkpoint(tmp_path / "a.pt", model=compiled, optimizer=opt, step=1)
+    assert list(load_checkpoint(p)["model"]) == ["weight", "bias"]
+    plain, _ = _parts()
+    ampkit.restore(p, model=plain)
+    assert torch.equal(plain.weight, model.weight)
+    q = save_checkpoint(tmp_path / "b.pt", model=plain, optimizer=None, step=1)
+    other, _ = _parts()
+    ampkit.restore(q, model=torch.compile(other))
+    assert torch.equal(other.weight, model.weight)
+
+
+def test_compiled_submodule_and_raw_prefixed_state_dicts(tmp_path):
+    """A compiled submodule puts _orig_mod. inside the names; a DDP model's raw state_dict() has module.:
+    both load into the plain model."""
+    def build():
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+
+    model = build()
+    model[1] = torch.compile(model[1])
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=None, step=1)
+    assert sorted(load_checkpoint(p)["model"]) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    target = build()
+    target[1] = torch.compile(target[1])
+    with torch.no_grad():
+        for t in target.parameters():
+            t.zero_()
+    ampkit.restore(p, model=target)
+    assert all(torch.equal(a, b) for a, b in zip(target.parameters(), model.parameters()))
+    raw = {"module." + k: v for k, v in build().state_dict().items()}
+    plain = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    ampkit.restore({"model": raw}, model=plain)
+    assert torch.equal(plain[0].weight, build()[0].weight)
+
+
+def test_ddp_model_checkpoints_move_to_a_plain_model_and_back(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model, opt = _parts()
+        ddp = nn.parallel.DistributedDataParallel(model)
+        assert list(ddp.state_dict())[0].startswith("module.")
+        p = save_checkpoint(tmp_path / "a.pt", model=ddp, optimizer=opt, step=1)
+        assert list(load_checkpoint(p)["model"]) == ["weight", "bias"]
+        plain, _ = _parts()
+        ampkit.restore(p, model=plain)
+        assert torch.equal(plain.weight, model.weight)
+        other = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+        ampkit.restore(save_checkpoint(tmp_path / "b.pt", model=plain, optimizer=None, step=1), model=other)
+        assert torch.equal(other.module.weight, model.weight)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- accumulation windows
+def test_mid_accumulation_save_is_refused(tmp_path):
+    model, opt = _parts()
+    amp = ampkit.MixedPrecision("fp32", accumulation_steps=2)
+    with amp.autocast():
+        loss = model(torch.randn(3, 4)).sum()
+    amp.backward(loss)
+    amp.step(opt)  # micro-step 1 of 2: no update
+    with pytest.raises(CheckpointError, match=r"middle of an accumulation window \(1 of 2 micro-steps done\)"):
+        save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, amp=amp, step=0)
+    assert list(tmp_path.iterdir()) == []
+    amp.backward(model(torch.randn(3, 4)).sum())
+    amp.step(opt)  # the window is complete: saving is exact again
+    assert load_checkpoint(save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, amp=amp, step=1))["step"] == 1

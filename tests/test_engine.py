@@ -197,9 +197,10 @@ def test_autocast_dtype():
 def test_fp16_scaler_state_lives_in_the_engine_block():
     """The scaler's scale and growth tracker are views of the engine's one device tensor (no extra blocks)."""
     _, model, amp, opt = _engine_loop("fp16", True, _data(3))
-    base = amp._state.untyped_storage().data_ptr()
+    base = amp._counters.state.untyped_storage().data_ptr()
     assert amp.scaler._scale.untyped_storage().data_ptr() == base
     assert amp.scaler._growth_tracker.untyped_storage().data_ptr() == base
     assert amp.scaler._growth_tracker.dtype == torch.int32
+    amp.update()  # the last step's scale update waits for the next backward (or update/stats/state_dict)
     assert amp.scaler.state_dict()["_growth_tracker"] == 3  # three good steps since the last backoff
     assert amp.stats()["scale"] == amp.scaler.get_scale() == 65536.0

@@ -27,7 +27,7 @@ def test_precision_is_frozen():
 
 def test_unknown_precision():
     with pytest.raises(UsageError):
-        resolve_precision("fp8", Device("cpu"))
+        resolve_precision("fp4", Device("cpu"))  # fp8 is a precision now (ampkit.fp8)
 
 
 def test_s80_refuses_bf16_naming_card_and_fix(simulated_musa):

@@ -1,18 +1,25 @@
 """Checkpoints that are atomic, safe to load, and resume exactly.
 
-One ``.pt`` file per checkpoint holds model, optimizer, the engine (scaler and counters), RNG
-states (python, numpy, torch CPU and device), the step and the data position. Files are written
-to a temporary name in the same folder, fsynced and renamed, so ``kill -9`` at any moment leaves
-the previous checkpoint intact. Files are read with ``torch.load(weights_only=True)``: a file
-that carries pickled code is refused.
+One ``.pt`` file per checkpoint holds model, optimizer(s), LR scheduler(s), the engine (scaler and
+counters), RNG states (python, numpy, torch CPU and device), the step and ``extra`` (e.g. the data
+position). Files are written to a temporary name in the same folder, fsynced and renamed, so
+``kill -9`` at any moment leaves the previous checkpoint intact. Files are read with
+``torch.load(weights_only=True)``: a file that carries pickled code is refused, and
+:func:`save_checkpoint` refuses at save time any value that such a load would refuse.
 
->>> mgr = CheckpointManager("runs/x/checkpoints", keep=3)          # doctest: +SKIP
->>> mgr.save(step=100, model=model, optimizer=opt, amp=amp)        # doctest: +SKIP
->>> found = mgr.latest()                                            # doctest: +SKIP
+>>> ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=opt, amp=amp, scheduler=sched, step=100)  # doctest: +SKIP
+>>> r = ampkit.restore("ckpt.pt", model=model, optimizer=opt, amp=amp, scheduler=sched)  # doctest: +SKIP
+>>> r.step, r.notes                                                                        # doctest: +SKIP
+
+Errors: :class:`~ampkit.errors.CheckpointError` for anything about a checkpoint (a file that is
+missing, corrupt, unsafe, not ampkit's, from a newer ampkit, or that does not fit the objects given;
+a value that cannot be saved loadably; a save in the middle of an accumulation window);
+:class:`~ampkit.errors.UsageError` when the call itself is wrong (an argument of the wrong type, ``keep < 1``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import pickle
@@ -21,21 +28,25 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
+from torch import nn
 
-from ampkit.device import Device
-from ampkit.errors import CheckpointError, UsageError
+from ampkit.device import Device, parse_device
+from ampkit.errors import AmpkitError, CheckpointError, UsageError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "restore", "CheckpointManager", "Found", "rng_state",
-           "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine"]
+__all__ = ["save_checkpoint", "load_checkpoint", "restore", "Restored", "CheckpointManager", "Found", "rng_state",
+           "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine", "unwrap_model",
+           "check_loadable"]
 
 FORMAT = "ampkit-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: optional "scheduler"; "optimizer"/"scheduler" may be lists
 _NAME = re.compile(r"^step-(\d+)\.pt$")
+_COMPILED = "_orig_mod"  # torch.compile's OptimizedModule keeps the user's module under this name
 
 
+# ---------------------------------------------------------------------------- RNG
 def rng_state(device: Device | None = None) -> dict[str, Any]:
     """Every RNG state that affects training, in types ``weights_only`` loading accepts."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -69,6 +80,20 @@ def _as_tuple(obj: Any) -> Any:
     return tuple(_as_tuple(o) for o in obj) if isinstance(obj, (list, tuple)) else obj
 
 
+def _device_of(model: nn.Module, amp: Any | None) -> Device | None:
+    """Whose RNG to save and restore besides the CPU's: the engine's device, else the model's."""
+    if amp is not None and isinstance(getattr(amp, "device", None), Device):
+        return amp.device
+    param = next(iter(model.parameters()), None)
+    if param is None:
+        return None
+    try:
+        return parse_device(str(param.device))
+    except AmpkitError:  # e.g. a meta tensor: no RNG to keep
+        return None
+
+
+# ---------------------------------------------------------------------------- files
 def atomic_write_bytes(path: str | os.PathLike, write: Any) -> Path:
     """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``."""
     path = Path(path)
@@ -114,26 +139,160 @@ def prepare_folder(out: str | os.PathLike, flag: str = "--out") -> Path:
     return path
 
 
-def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    amp: Any | None = None, step: int, device: Device | None = None,
-                    extra: dict[str, Any] | None = None) -> Path:
-    """Write one checkpoint atomically. ``extra`` must hold only tensors and plain python values.
+# ---------------------------------------------------------------------------- wrappers
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside ``torch.compile`` (``_orig_mod``) and DDP (``module``) wrappers, in any nesting.
+    FSDP2's ``fully_shard`` shards in place and keeps the plain names: such a model is its own module."""
+    while True:
+        inner = getattr(model, _COMPILED, None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
 
-    >>> model = torch.nn.Linear(2, 2)
-    >>> path = ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=None, step=7)
-    >>> path.name
-    'ckpt.pt'
+
+def _plain_key(key: str) -> str:
+    # A compiled submodule (model.encoder = torch.compile(encoder)) puts "_orig_mod." inside its keys.
+    return ".".join(part for part in key.split(".") if part != _COMPILED)
+
+
+def _model_state(model: nn.Module) -> dict[str, Any]:
+    state = unwrap_model(model).state_dict()
+    if not any(_COMPILED in key.split(".") for key in state):
+        return state
+    return collections.OrderedDict((_plain_key(k), v) for k, v in state.items())
+
+
+def _load_model(model: nn.Module, saved: dict[str, Any]) -> None:
+    """Load plain-named ``saved`` into ``model`` (plain or wrapped); names saved by a wrapped model
+    (``module.``, ``_orig_mod.``) are accepted too. A mismatch is one CheckpointError line."""
+    target = unwrap_model(model)
+    wanted = target.state_dict()
+    saved = {_plain_key(k): v for k, v in saved.items()}
+    if saved and all(k.startswith("module.") for k in saved) and not any(k.startswith("module.") for k in wanted):
+        saved = {k[len("module."):]: v for k, v in saved.items()}  # a DDP model's state_dict() saved as is
+    actual = {_plain_key(k): k for k in wanted}
+    remapped = {actual.get(k, k): v for k, v in saved.items()}
+    missing = [k for k in wanted if k not in remapped]
+    unexpected = [k for k in remapped if k not in wanted]
+    if missing or unexpected:
+        parts = [f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected))
+                 if keys]
+        raise CheckpointError(f"the checkpoint's model does not fit {type(target).__name__}: {'; '.join(parts)}")
+    try:
+        target.load_state_dict(remapped)
+    except RuntimeError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise CheckpointError(f"the checkpoint's model does not fit {type(target).__name__}: "
+                              f"{(lines[1] if len(lines) > 1 else lines[0] if lines else exc)[:200]}") from exc
+
+
+def _some(keys: list[str], n: int = 3) -> str:
+    return ", ".join(keys[:n]) + (f" (+{len(keys) - n} more)" if len(keys) > n else "")
+
+
+# ---------------------------------------------------------------------------- what weights_only loads
+# The types torch.load(weights_only=True) rebuilds (tests/test_checkpoint.py checks the agreement value by
+# value), less tensor subclasses: it loads FSDP2's DTensor shards, but a one-file checkpoint of shards does not
+# load into a plain model, so they are refused too. Anything else is refused at save time, naming the key.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Size, torch.dtype, torch.device,
+          torch.layout, torch.qscheme, torch.Tensor, nn.Parameter)
+_SEQUENCES = (list, tuple, set)
+_MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
+
+
+def check_loadable(value: Any, where: str) -> None:
+    """Raise a one-line :class:`CheckpointError` naming the first key of ``value`` that
+    ``torch.load(weights_only=True)`` would refuse (an object, a function, a numpy array, ...)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return
+    if kind in _SEQUENCES:
+        for i, item in enumerate(value):
+            check_loadable(item, f"{where}[{i}]" if kind is not set else f"{where} item {_fmt(item)}")
+        return
+    if kind in _MAPPINGS:
+        for key, item in value.items():
+            check_loadable(key, f"{where} key {_fmt(key)}")
+            check_loadable(item, f"{where}[{_fmt(key)}]")
+        return
+    what = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__name__ == "DTensor":
+        hint = "a sharded (FSDP2) tensor: save sharded models in the DCP format (ampkit train --strategy fsdp)"
+    elif isinstance(value, torch.Tensor):
+        hint = "a tensor subclass: save a plain tensor there (e.g. t.detach().clone().as_subclass(torch.Tensor))"
+    else:
+        hint = "keep only tensors and plain python values (int, float, str, bool, None, list, tuple, dict) there"
+    raise CheckpointError(f"{where}: {what} is not loadable with weights_only=True: {hint}")
+
+
+def _fmt(key: Any) -> str:
+    return f'"{key}"' if isinstance(key, str) else repr(key)
+
+
+# ---------------------------------------------------------------------------- save / load
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
+Schedulers = Any  # an LR scheduler, a list of them, or None
+
+
+def _states(objs: Any) -> Any:
+    """``obj.state_dict()``, or a list of them for a list of objects, or None."""
+    if objs is None:
+        return None
+    if isinstance(objs, (list, tuple)):
+        return [o.state_dict() for o in objs]
+    return objs.state_dict()
+
+
+def _check_window(amp: Any, step: int) -> None:
+    """Refuse a save between the micro-steps of an accumulation window: the partial gradients are not
+    in the checkpoint, so the resumed run would differ from an uninterrupted one."""
+    if amp is None:
+        return
+    window = int(getattr(amp, "accumulation_steps", 1) or 1)
+    micro = int(amp.state_dict().get("micro", 0))
+    if window > 1 and micro % window:
+        raise CheckpointError(
+            f"step {step}: saved in the middle of an accumulation window ({micro % window} of {window} micro-steps "
+            f"done): the partial gradients are not saved, so a resume would differ; save right after the "
+            f"amp.step() call that ends a window (one in every {window} calls)")
+
+
+def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Optimizers, amp: Any | None = None,
+                    step: int, device: Device | None = None, extra: dict[str, Any] | None = None,
+                    scheduler: Schedulers = None) -> Path:
+    """Write one checkpoint atomically (temp file, fsync, rename, fsync of the folder).
+
+    ``optimizer`` and ``scheduler`` may be lists (several optimizers in one engine); :func:`restore`
+    wants the same number back. Compiled and DDP wrappers are unwrapped: the file holds the plain
+    module's names. ``extra`` must hold only tensors and plain python values. ``device``: whose RNG
+    to save besides the CPU's (default: the engine's device, else the model's).
+
+    Refused with one :class:`CheckpointError` line, before anything is written: a value that
+    ``torch.load(weights_only=True)`` would refuse (naming its key), and a save in the middle of an
+    accumulation window.
     """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UsageError(f"step must be a non-negative int, got {step!r}")
+    _check_window(amp, step)
+    # The engine's state first: it brings schedulers it drives on the device to their true position, so the
+    # scheduler states saved next are current (before it, their last_epoch lags the applied steps).
+    amp_state = amp.state_dict() if amp is not None else None
     state = {
         "format": FORMAT,
         "version": VERSION,
         "step": int(step),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "amp": amp.state_dict() if amp is not None else None,
-        "rng": rng_state(device),
+        "model": _model_state(model),
+        "optimizer": _states(optimizer),
+        "scheduler": _states(scheduler),
+        "amp": amp_state,
+        "rng": rng_state(device or _device_of(model, amp)),
         "extra": extra or {},
     }
+    for key, value in state.items():
+        check_loadable(value, key)
     try:
         return atomic_write_bytes(path, lambda fh: torch.save(state, fh))
     except OSError as exc:
@@ -141,18 +300,15 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimize
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`.
-
-    >>> _ = ampkit.save_checkpoint("ckpt.pt", model=torch.nn.Linear(2, 2), optimizer=None, step=7)
-    >>> state = ampkit.load_checkpoint("ckpt.pt")
-    >>> state["format"], state["step"], sorted(state["model"])
-    ('ampkit-checkpoint', 7, ['bias', 'weight'])
-    """
+    """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`,
+    and a plain ``torch.save`` file gets a message that says how to use it."""
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file") from exc
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "GLOBAL" in str(exc):
@@ -163,17 +319,130 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {first[:160]}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an ampkit checkpoint")
+        raise CheckpointError(_not_ampkit(path, state))
+    version = state.get("version", 1)
+    if not isinstance(version, int) or version > VERSION:
+        raise CheckpointError(f"{path} was written by a newer ampkit (checkpoint format {version}; this one reads "
+                              f"up to {VERSION}): upgrade ampkit (pip install -U ampkit)")
     return state
 
 
-def restore(state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-            amp: Any | None = None, device: Device | None = None, rng: bool = True) -> list[str]:
-    """Load a checkpoint's parts into live objects; returns notes (e.g. scaler dropped)."""
-    model.load_state_dict(state["model"])
-    if optimizer is not None and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    return restore_engine(state, amp=amp, device=device, rng=rng)
+def _not_ampkit(path: Path, state: Any) -> str:
+    load = f"torch.load({str(path)!r}, weights_only=True)"
+    if isinstance(state, dict) and state and all(isinstance(v, torch.Tensor) for v in state.values()):
+        return (f"{path} is a model state_dict ({len(state)} tensors), not an ampkit checkpoint: load it with "
+                f"model.load_state_dict({load}), or ampkit.restore({load}, model=model)")
+    if isinstance(state, dict):
+        keys = ", ".join(repr(k) for k in list(state)[:6]) + (", ..." if len(state) > 6 else "")
+        return (f"{path} is a plain torch checkpoint (a dict with keys {keys}), not an ampkit checkpoint: "
+                f"restore it with ampkit.restore({load}, model=model, optimizer=optimizer) or load its parts "
+                f"with model.load_state_dict(...); it has no RNG state, so save with ampkit.save_checkpoint "
+                f"for an exact resume")
+    return f"{path} is not an ampkit checkpoint (it holds a {type(state).__name__}, not a dict)"
+
+
+# ---------------------------------------------------------------------------- restore
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`restore` did: ``step`` to continue from, ``notes`` worth telling the user (e.g. a
+    scaler dropped on a precision change, a part the checkpoint lacks), the checkpoint's ``extra``,
+    and ``path`` (None when a state dict was given)."""
+
+    step: int
+    notes: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+# A plain torch checkpoint's usual names for each part (the tutorials' *_state_dict names included).
+_PLAIN_KEYS = {"model": ("model", "model_state_dict"), "optimizer": ("optimizer", "optimizer_state_dict"),
+               "scheduler": ("scheduler", "scheduler_state_dict", "lr_scheduler"),
+               "scaler": ("scaler", "scaler_state_dict")}
+
+
+def restore(path_or_state: str | os.PathLike | dict[str, Any], *, model: nn.Module, optimizer: Optimizers = None,
+            amp: Any | None = None, scheduler: Schedulers = None, device: Device | None = None,
+            rng: bool = True) -> Restored:
+    """Load a checkpoint into live objects: model, optimizer(s), scheduler(s), the engine, and the RNG,
+    so that training continues exactly as if it had never stopped (bit for bit on the CPU).
+
+    ``path_or_state``: a file from :func:`save_checkpoint`, the dict :func:`load_checkpoint` returns,
+    or a plain torch state dict (``{"model": ..., "optimizer": ...}`` or a model's ``state_dict()``;
+    those carry no RNG, and a note says so). ``optimizer`` and ``scheduler`` may be lists, as saved.
+    Wrapped models (``torch.compile``, DDP) load plain checkpoints and the other way round.
+
+    >>> r = ampkit.restore("ckpt.pt", model=model, optimizer=opt, amp=amp)  # doctest: +SKIP
+    >>> for step in range(r.step, total): ...                                 # doctest: +SKIP
+    """
+    path: Path | None = None
+    if isinstance(path_or_state, (str, os.PathLike)):
+        path = Path(path_or_state)
+        state = load_checkpoint(path, map_location=_map_location(model))
+    elif isinstance(path_or_state, dict):
+        state = path_or_state
+    else:
+        raise UsageError(f"restore takes a checkpoint path or a state dict, got {type(path_or_state).__name__}")
+    if state.get("format") != FORMAT:
+        return _restore_plain(state, model=model, optimizer=optimizer, amp=amp, scheduler=scheduler)
+    _load_model(model, state["model"])
+    notes = _load_parts("optimizer", state.get("optimizer"), optimizer)
+    notes += _load_parts("scheduler", state.get("scheduler"), scheduler)
+    if amp is not None and state.get("amp") is None:
+        notes.append("the checkpoint has no engine state: the engine starts fresh")
+    notes += restore_engine(state, amp=amp, device=device or _device_of(model, amp), rng=rng)
+    return Restored(step=int(state["step"]), notes=tuple(notes), extra=dict(state.get("extra") or {}), path=path)
+
+
+def _map_location(model: nn.Module) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None and param.device.type != "meta" else torch.device("cpu")
+
+
+def _load_parts(name: str, saved: Any, live: Any) -> list[str]:
+    """Load one saved state dict (or a list of them) into ``live`` (one object or a list); counts must match."""
+    if live is None:
+        return [f"the checkpoint's {name} state was not restored (no {name} given)"] if saved is not None else []
+    if saved is None:
+        return [f"the checkpoint has no {name} state: the {name} starts fresh"]
+    saved_list = saved if isinstance(saved, list) else [saved]
+    live_list = list(live) if isinstance(live, (list, tuple)) else [live]
+    if len(saved_list) != len(live_list):
+        raise CheckpointError(f"the checkpoint has {len(saved_list)} {name}(s), {len(live_list)} given: "
+                              f"pass them in a list, in the order they were saved")
+    for i, (obj, sd) in enumerate(zip(live_list, saved_list)):
+        try:
+            obj.load_state_dict(sd)
+        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+            which = f"{name} {i}" if len(live_list) > 1 else name
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"the checkpoint's {which} state does not fit {type(obj).__name__}: "
+                                  f"{first[:160]}") from exc
+    return []
+
+
+def _restore_plain(state: dict[str, Any], *, model: nn.Module, optimizer: Optimizers, amp: Any | None,
+                   scheduler: Schedulers) -> Restored:
+    """A dict that is not an ampkit checkpoint: ``{"model": ..., "optimizer": ..., ...}`` or a bare model state_dict."""
+    if state and all(isinstance(v, torch.Tensor) for v in state.values()):
+        _load_model(model, state)
+        return Restored(step=0, notes=("a model state_dict: only the model was restored (no optimizer, "
+                                       "engine or RNG state in it)",))
+    parts = {name: next((state[k] for k in keys if k in state), None) for name, keys in _PLAIN_KEYS.items()}
+    if not isinstance(parts["model"], dict):
+        raise CheckpointError("restore got a dict that is neither an ampkit checkpoint, nor a plain checkpoint "
+                              "with a 'model' state dict, nor a model state_dict; keys: " + _some(list(map(str, state))))
+    _load_model(model, parts["model"])
+    notes = _load_parts("optimizer", parts["optimizer"], optimizer)
+    notes += _load_parts("scheduler", parts["scheduler"], scheduler)
+    scaler = getattr(amp, "scaler", None) if amp is not None else None
+    if parts["scaler"] is not None and scaler is not None:
+        scaler.load_state_dict(parts["scaler"])
+    elif parts["scaler"] is not None and amp is not None:
+        notes.append("the checkpoint's loss scaler state was dropped: this engine's precision needs no scaler")
+    notes.append("not an ampkit checkpoint: no RNG state was restored, so dropout and sampling differ from an "
+                 "uninterrupted run; save with ampkit.save_checkpoint for an exact resume")
+    step = state.get("step", 0)
+    return Restored(step=int(step) if isinstance(step, int) else 0, notes=tuple(notes))
 
 
 def restore_engine(state: dict[str, Any], *, amp: Any | None, device: Device | None = None,
@@ -186,12 +455,13 @@ def restore_engine(state: dict[str, Any], *, amp: Any | None, device: Device | N
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            notes = amp.load_state_dict(state["amp"])
+            notes = list(amp.load_state_dict(state["amp"]) or [])
     if rng and state.get("rng") is not None:
         set_rng_state(state["rng"], device)
     return notes
 
 
+# ---------------------------------------------------------------------------- a folder of checkpoints
 @dataclass
 class Found:
     """The newest loadable checkpoint, and the newer ones that were skipped as unreadable."""
@@ -206,7 +476,7 @@ class CheckpointManager:
 
     def __init__(self, folder: str | os.PathLike, *, keep: int = 3) -> None:
         if keep < 1:
-            raise CheckpointError(f"keep must be >= 1, got {keep}")
+            raise UsageError(f"keep must be >= 1, got {keep}")
         self.folder = Path(folder)
         self.keep = keep
 
@@ -224,6 +494,7 @@ class CheckpointManager:
         return sorted(out)
 
     def save(self, *, step: int, **kwargs: Any) -> Path:
+        """:func:`save_checkpoint` to ``path_for(step)`` (same keywords), then drop all but the newest ``keep``."""
         path = save_checkpoint(self.path_for(step), step=step, **kwargs)
         for _, old in self.list()[: -self.keep]:
             with contextlib.suppress(OSError):

@@ -26,7 +26,7 @@ def doctor_report(device: Device | None = None, *, precision: str | None = None,
     With ``precision``, ``report["check"]`` says whether it is usable here and why not.
     """
     device = device or detect_device()
-    caps: Capabilities = capabilities(device, probe=probe)
+    caps: Capabilities = capabilities(device, probe=probe, fp8_probe=probe)
     recommended = resolve_precision("auto", device, caps=caps)
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,

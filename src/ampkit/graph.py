@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ampkit.errors import DeviceError, UsageError, first_line
+from ampkit.step import is_fused, params_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampkit.engine import MixedPrecision
@@ -54,8 +55,6 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 def capture_blockers(amp: "MixedPrecision", optimizer: torch.optim.Optimizer) -> str | None:
     """Why a whole step with this engine and optimizer cannot be captured, or None when it can."""
-    from ampkit.engine import is_fused
-
     dev = amp.device
     if dev.graph_api() is None:
         return f"{dev.type} has no graph capture (CUDA graphs, or MUSA graphs from QY2 on)"
@@ -148,8 +147,7 @@ class GraphedStep:
                 return self._eager_after_capture(batch)
             self._load(batch)
             self._graph.replay()
-            self.amp.steps += 1
-            self.amp._micro += 1
+            self.amp.advance()
             return self._static_loss
         # warm-up: eager steps on the side stream, then capture on the same stream
         if not self._fits(batch):
@@ -168,12 +166,8 @@ class GraphedStep:
 
     # ------------------------------------------------------------------ steps
     def _eager(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        amp = self.amp
-        with amp.autocast():
-            loss = self.loss_fn(self.model, batch[0] if self._single else batch)
-        amp.backward(loss)
-        amp.step(self.optimizer, self.parameters)
-        return loss.detach()
+        one = batch[0] if self._single else batch
+        return self.amp.train_step(self.model, self.loss_fn, [one], self.optimizer, parameters=self.parameters)[0]
 
     def _eager_after_capture(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if not self._warned_shapes:
@@ -223,21 +217,19 @@ class GraphedStep:
             return False
         amp, optimizer = self.amp, self.optimizer
         graph_cls, graph_ctx = self.device.graph_api()
-        saved = (amp.steps, amp._micro)
+        amp.update()  # the last eager step's scale update stays outside the graph
         optimizer.zero_grad(set_to_none=True)  # gradients are born inside the graph's pool: static addresses
         graph = graph_cls()
         s = self._stream
         s.wait_stream(self.device.current_stream())
         try:
-            with graph_ctx(graph, stream=s):
+            with amp.capturing(), graph_ctx(graph, stream=s):
                 with amp.autocast():
                     loss = self.loss_fn(self.model, self._static[0] if self._single else self._static)
                 amp.backward(loss)
-                amp.step(optimizer, self.parameters, zero_grad=False)
+                amp.step(optimizer, zero_grad=False, parameters=self.parameters)
+                amp.update()  # the scale update is part of every replay
         except Exception as exc:  # noqa: BLE001 - any capture failure means: undo and run eagerly
-            amp.steps, amp._micro = saved
-            if amp.scaler is not None:
-                amp.scaler._per_optimizer_states.clear()  # an unscale_ recorded during the failed capture
             optimizer.zero_grad(set_to_none=True)
             self.device.synchronize()
             self._fall_back(f"capture failed: {_first_line(exc)}")
@@ -262,7 +254,7 @@ class GraphedStep:
     def _params(self) -> list[torch.Tensor]:
         if self.parameters is not None:
             return self.parameters
-        return self.amp._optimizer_params(self.optimizer)
+        return params_of([self.optimizer])
 
     def _as_tuple(self, batch: Any) -> tuple[Any, ...]:
         if isinstance(batch, torch.Tensor):

@@ -26,7 +26,7 @@ _HUSH = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVE
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("AMPKIT_TEST_")}
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FAULTS_")}
     e.update(_HUSH)
     e.update(extra)
     return e

@@ -15,12 +15,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import TASK_OPTIONS, ampkit  # noqa: E402
 
 from ampkit import distributed as D  # noqa: E402
+from ampkit.checkpoint_dcp import RunCheckpoints  # noqa: E402
 from ampkit.cli import build_parser  # noqa: E402
 from ampkit.cli.train import _train_argv  # noqa: E402
 from ampkit.device import Device  # noqa: E402
 from ampkit.errors import DeviceError, UsageError  # noqa: E402
 from ampkit.policy import resolve_precision  # noqa: E402
 from ampkit.trainer import TrainConfig, train  # noqa: E402
+from ampkit.training.metrics import truncate_metrics  # noqa: E402
 
 
 def test_backend_comes_from_the_device_layer():
@@ -103,9 +105,9 @@ def test_max_restarts_needs_nproc():
 def test_truncate_metrics_drops_steps_past_the_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 9)) + '{"step": 9, "lo')
-    assert D.truncate_metrics(path, 6) == 3
+    assert truncate_metrics(path, 6) == 3
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
-    assert D.truncate_metrics(path, 6) == 0
+    assert truncate_metrics(path, 6) == 0
 
 
 def test_incomplete_sharded_checkpoints_are_not_listed(tmp_path):
@@ -116,7 +118,7 @@ def test_incomplete_sharded_checkpoints_are_not_listed(tmp_path):
         (d / ".metadata").write_bytes(b"x")
     (good / "ampkit.pt").write_bytes(b"x")
     (tmp / "ampkit.pt").write_bytes(b"x")
-    ck = D.RunCheckpoints(folder, sharded=True)
+    ck = RunCheckpoints(folder, sharded=True)
     assert ck.list() == [(4, good)]
     assert [p for _, p in ck.candidates()] == [good]
 
@@ -129,8 +131,9 @@ def test_sharded_format_in_one_process_resumes_bit_exact(tmp_path):
     train(TrainConfig(**common, steps=3, out=str(out), ckpt_every=3, strategy="fsdp"))
     assert (out / "checkpoints" / "step-00000003.dcp" / "ampkit.pt").is_file()
     (out / "checkpoints" / ".step-00000009.dcp.tmp").mkdir()  # a save killed midway: ignored
-    resumed = train(TrainConfig(**common, steps=6, out=str(out), resume=True, strategy="fsdp"))
-    assert resumed.start_step == 3
+    # --resume finds the .dcp folder without --strategy being repeated
+    resumed = train(TrainConfig(**common, steps=6, out=str(out), resume=True))
+    assert resumed.start_step == 3 and resumed.resumed_from.endswith("step-00000003.dcp")
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in full.history[3:]]
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
 

@@ -14,6 +14,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, dumps, metrics,  # noqa: E402
                    torchrun)
 
+from faults import FAULTS, Faults  # noqa: E402
+
 from ampkit.trainer import TrainConfig, train  # noqa: E402
 
 STEPS, INF_AT, MORE = 6, 3, 9  # 2-rank runs train 6 steps; resumed runs continue to 9
@@ -26,13 +28,9 @@ def reference(tmp_path_factory):
 
     def get(precision: str, accumulation: int = 1) -> list[float]:
         if (precision, accumulation) not in cache:
-            mp = pytest.MonkeyPatch()
-            mp.setenv("AMPKIT_TEST_INF_AT_STEP", str(INF_AT))
-            try:
-                r = train(TrainConfig(task="charlm", task_options=TASK_OPTIONS, precision=precision, steps=MORE,
-                                      log_every=1, evaluate=False, accumulation_steps=accumulation))
-            finally:
-                mp.undo()
+            r = train(TrainConfig(task="charlm", task_options=TASK_OPTIONS, precision=precision, steps=MORE,
+                                  log_every=1, evaluate=False, accumulation_steps=accumulation,
+                                  callbacks=(Faults(inf_at=INF_AT),)))
             assert r.skipped == 1, r.history
             cache[precision, accumulation] = [rec["loss"] for rec in r.history]
         return cache[precision, accumulation]
@@ -51,10 +49,9 @@ def runs(tmp_path_factory):
             base = tmp_path_factory.mktemp(f"{strategy}-{precision}-{accumulation}")
             out, dump = base / "run", base / "dump"
             p = torchrun(2, [*TASK_ARGS, "--strategy", strategy, "--precision", precision, "--steps", str(STEPS),
-                             "--log-every", "1", "--ckpt-every", "3", "--out", str(out),
+                             "--log-every", "1", "--ckpt-every", "3", "--out", str(out), "--callback", FAULTS,
                              "--accumulation-steps", str(accumulation)],
-                         extra_env={"AMPKIT_TEST_INF_AT_STEP": str(INF_AT), "AMPKIT_TEST_INF_RANK": "1",
-                                    "AMPKIT_TEST_DUMP": str(dump)})
+                         extra_env={"FAULTS_INF_AT": str(INF_AT), "FAULTS_INF_RANK": "1", "FAULTS_DUMP": str(dump)})
             made[key] = (p, out, dump)
         return made[key]
 
@@ -95,7 +92,7 @@ def test_fsdp_checkpoint_resumes_on_one_and_two_ranks(runs, reference, tmp_path)
     one = tmp_path / "one"
     shutil.copytree(out, one)
     r = train(TrainConfig(task="charlm", task_options=TASK_OPTIONS, precision="fp32", steps=MORE, log_every=1,
-                          out=str(one), resume=True, strategy="fsdp", evaluate=False))
+                          out=str(one), resume=True, evaluate=False))  # no --strategy: the .dcp is found
     assert r.start_step == STEPS and any("resharded onto 1" in n for n in r.notes), r.notes
     assert_losses_close([h["loss"] for h in r.history], want, RTOL["fp32"])
 
@@ -115,11 +112,11 @@ def test_killed_rank_restarts_and_resumes_without_lost_or_repeated_steps(tmp_pat
     out = tmp_path / "run"
     steps = 10
     p = ampkit(["train", *TASK_ARGS, "--nproc", "2", "--max-restarts", "1", "--strategy", "ddp", "--precision", "fp32",
-                "--steps", str(steps), "--log-every", "1", "--ckpt-every", "3", "--out", str(out),
+                "--steps", str(steps), "--log-every", "1", "--ckpt-every", "3", "--out", str(out), "--callback", FAULTS,
                 "--accumulation-steps", "2"],
-               extra_env={"AMPKIT_TEST_KILL_AT_STEP": "7"})
+               extra_env={"FAULTS_KILL_AT": "7"})
     assert p.returncode == 0, p.stderr[-4000:]
-    assert (out / ".ampkit-test-killed").read_text() == "7"  # the kill happened
+    assert (out / ".faults-killed").read_text() == "7"  # the kill happened
     assert "torchrun restart 1: resuming" in p.stderr and "at step 6" in p.stderr
     recs = metrics(out)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))  # each step exactly once

@@ -16,6 +16,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, dumps, metrics,  # noqa: E402
                    torchrun)
 
+from faults import FAULTS, Faults  # noqa: E402
+
 from ampkit.trainer import TrainConfig, train  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
@@ -30,13 +32,9 @@ def reference():
 
     def get(precision: str) -> list[float]:
         if precision not in cache:
-            mp = pytest.MonkeyPatch()
-            mp.setenv("AMPKIT_TEST_INF_AT_STEP", str(INF_AT))
-            try:
-                r = train(TrainConfig(task="charlm", task_options=TASK_OPTIONS, precision=precision, steps=MORE,
-                                      log_every=1, evaluate=False, device="cuda"))
-            finally:
-                mp.undo()
+            r = train(TrainConfig(task="charlm", task_options=TASK_OPTIONS, precision=precision, steps=MORE,
+                                  log_every=1, evaluate=False, device="cuda",
+                                  callbacks=(Faults(inf_at=INF_AT),)))
             assert r.skipped == 1
             cache[precision] = [rec["loss"] for rec in r.history]
         return cache[precision]
@@ -54,9 +52,8 @@ def runs(tmp_path_factory):
             base = tmp_path_factory.mktemp(f"gpu-{strategy}-{precision}")
             out, dump = base / "run", base / "dump"
             p = torchrun(2, [*GPU_ARGS, "--strategy", strategy, "--precision", precision, "--steps", str(STEPS),
-                             "--log-every", "1", "--ckpt-every", "3", "--out", str(out)],
-                         extra_env={"AMPKIT_TEST_INF_AT_STEP": str(INF_AT), "AMPKIT_TEST_INF_RANK": "1",
-                                    "AMPKIT_TEST_DUMP": str(dump)})
+                             "--log-every", "1", "--ckpt-every", "3", "--out", str(out), "--callback", FAULTS],
+                         extra_env={"FAULTS_INF_AT": str(INF_AT), "FAULTS_INF_RANK": "1", "FAULTS_DUMP": str(dump)})
             made[key] = (p, out, dump)
         return made[key]
 
@@ -103,8 +100,8 @@ def test_nccl_fsdp_checkpoint_resumes_on_one_and_two_gpus(runs, reference, tmp_p
 def test_nccl_killed_rank_restarts(tmp_path):
     out = tmp_path / "run"
     p = ampkit(["train", *GPU_ARGS, "--nproc", "2", "--max-restarts", "1", "--strategy", "fsdp", "--precision", "fp16",
-                "--steps", "10", "--log-every", "1", "--ckpt-every", "3", "--out", str(out)],
-               extra_env={"AMPKIT_TEST_KILL_AT_STEP": "7"})
+                "--steps", "10", "--log-every", "1", "--ckpt-every", "3", "--out", str(out), "--callback", FAULTS],
+               extra_env={"FAULTS_KILL_AT": "7"})
     assert p.returncode == 0, p.stderr[-4000:]
-    assert (out / ".ampkit-test-killed").exists()
+    assert (out / ".faults-killed").exists()
     assert [r["step"] for r in metrics(out)] == list(range(1, 11))

@@ -20,7 +20,8 @@ OLD = """import torch
 def step(model, x, ckpt):
     with torch.cuda.amp.autocast():
         y = model(x)
-    return y, torch.load(ckpt)
+    model.load_state_dict(torch.load(ckpt))
+    return y
 """
 CLEAN = """import torch
 
@@ -62,9 +63,14 @@ def test_fix_writes_and_second_run_is_a_no_op(tmp_path, capsys):
     assert os.stat(f).st_mode & 0o777 == 0o640  # the mode survives the atomic replace
     assert [p.name for p in tmp_path.iterdir()] == ["train.py"]  # no temp file left behind
     capsys.readouterr()
-    assert main(["migrate", "--fix", str(f)]) == 0  # nothing left to change or report
+    # Nothing left to change; the reminder that the device is hard-coded still shows (issue 15).
+    assert main(["migrate", "--fix", str(f)]) == 1
     assert f.read_text() == fixed
-    assert "rewrote" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rewrote" not in out
+    assert [line.split(" ", 2)[1] for line in out.splitlines() if ".py:" in line] == ["hard-coded-device"]
+    assert 'torch.amp.autocast(device_type, dtype=torch.float16)' not in out  # no template: the user's call
+    assert "fix: torch.amp.autocast(device_type)" in out
 
 
 def test_unparseable_file_is_reported_and_left_byte_for_byte(tmp_path, capsys):

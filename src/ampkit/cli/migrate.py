@@ -14,9 +14,14 @@ _EPILOG = """examples:
   ampkit migrate --fix src/                    rewrite every .py file under src/
   ampkit migrate --target musa --fix train.py  port CUDA code to a Moore Threads card
   ampkit migrate --select unsafe-torch-load,host-sync-per-step .
+  ampkit migrate --json src/ > migrate.json    one object per file: changes, findings, errors
 
-exit codes: 0 nothing to change or report, 1 changes or findings, 2 error (e.g. a file that
-does not parse; it is left untouched)."""
+Files found in folders that mention nothing migrate looks for (torch, amp, autocast, cuda, ...)
+are not parsed; the others are analysed on every CPU (--jobs).
+
+exit codes: 0 nothing to change or report, 1 changes or findings, 2 error: bad usage, or one
+or more files skipped (each named on one line with the reason, and left untouched; the other
+files were still checked and, with --fix, written)."""
 
 
 def register(sub, formatter_class):
@@ -39,45 +44,74 @@ def register(sub, formatter_class):
                         "torch.cuda.* runtime calls and nccl/mccl to that vendor")
     p.add_argument("--select", metavar="CODES", default=None,
                    help="comma-separated finding codes to check and fix; all when not given")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list on stdout, one object per file: path, changed, written, analysed, "
+                        "error, diff, findings [{code, message, where, line, fix, rewritten}]")
+    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                   help="worker processes for the files that need analysis (default: every CPU)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    """Migrate ``args.paths``; returns 0 (clean), 1 (changes or findings) or 2 (an error)."""
-    from rich.console import Console
-
+    """Migrate ``args.paths``; returns 0 (clean), 1 (changes or findings) or 2 (an error, or a file skipped)."""
     from ampkit.migrate import migrate_paths
 
     select = None
     if args.select is not None:
         select = [c.strip() for c in args.select.split(",") if c.strip()]
-    results = migrate_paths(args.paths, fix=args.fix, target=args.target, select=select)
+    results = migrate_paths(args.paths, fix=args.fix, target=args.target, select=select, jobs=args.jobs)
+    errors = [r for r in results if r.error]
+    if args.json:
+        from ampkit.cli.common import print_json
+
+        print_json([file_json(r) for r in results])
+    else:
+        _render(results, args.fix)
+    for r in errors:
+        print(f"ampkit migrate: error: {r.error}", file=sys.stderr)
+    findings = sum(len(r.findings) for r in results)
+    if errors and len(errors) == len(results):
+        return 2  # nothing was checked: the error line says it all (no summary of zeros)
+    if not args.json:
+        changed = sum(r.changed for r in results if not r.error)
+        analysed = sum(r.analysed for r in results if not r.error)
+        verb = "rewritten" if args.fix else "would change"
+        print(f"{len(results) - len(errors)} file(s) checked ({analysed} analysed), {changed} {verb}, "
+              f"{findings} finding(s)" + (f", {len(errors)} skipped" if errors else ""), file=sys.stderr)
+    if errors:
+        return 2
+    return 1 if any(r.changed for r in results) or findings else 0
+
+
+def file_json(r) -> dict:
+    """One file's result as the ``--json`` output gives it (the documented schema)."""
+    return {
+        "path": r.path,
+        "changed": r.changed,
+        "written": r.written,
+        "analysed": r.analysed,
+        "error": r.error,
+        "diff": r.diff if not r.error else "",
+        "findings": [{"code": f.code, "message": f.message, "where": f.where(), "line": f.line,
+                      "fix": f.fix, "rewritten": f.rewritten} for f in r.findings],
+    }
+
+
+def _render(results, fix: bool) -> None:
+    from rich.console import Console
 
     out = Console(highlight=False, soft_wrap=True)
-    errors = [r for r in results if r.error]
     for r in results:
         if r.error:
             continue
-        if args.fix and r.written:
+        if fix and r.written:
             out.print(f"rewrote {r.path}", style="green")
         elif r.diff:
             _print_diff(out, r.diff)
-    findings = [f for r in results for f in r.findings]
-    for f in findings:
-        _print_finding(out, f, args.fix)
-    for r in errors:
-        print(f"ampkit migrate: error: {r.error}", file=sys.stderr)
-    if errors and len(errors) == len(results):
-        return 2  # nothing was checked: the error line says it all (no summary of zeros)
-
-    changed = sum(r.changed for r in results if not r.error)
-    verb = "rewritten" if args.fix else "would change"
-    print(f"{len(results) - len(errors)} file(s) checked, {changed} {verb}, {len(findings)} finding(s)"
-          + (f", {len(errors)} error(s)" if errors else ""), file=sys.stderr)
-    if errors:
-        return 2
-    return 1 if changed or findings else 0
+    for r in results:
+        for f in r.findings:
+            _print_finding(out, f, fix)
 
 
 def _print_diff(out, diff: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console, print_json
@@ -15,6 +16,9 @@ EXAMPLES = """examples:
   ampkit train --task mytask.py:make_task --precision bf16 # your own model, data and loss
   ampkit train --task charlm --nproc 2 --strategy fsdp --precision bf16 --out runs/c --ckpt-every 50
   torchrun --nproc-per-node 8 -m ampkit train --task charlm --strategy ddp   # torchrun yourself (multi-node too)
+  ampkit train --task charlm --nproc 2 --out runs/c --stop-signal SIGUSR1   # SLURM's warning signal saves too
+  ampkit train --task charlm --out runs/c --resume --steps 600   # newest checkpoint, .pt or .dcp, any world size
+  ampkit train --task digits --precision fp16 --init-scale 1024 --callback watch.py:make
 """
 
 
@@ -40,6 +44,18 @@ def register(sub, formatter_class):
     p.add_argument("--tf32", action="store_true", default=None, help="allow TF32 for FP32 matmuls")
     p.add_argument("--no-fused", action="store_true", help="use the foreach AdamW instead of the fused one")
     p.add_argument("--tensorboard", action="store_true", help="also log to DIR/tensorboard (needs tensorboard)")
+    p.add_argument("--init-scale", type=float, default=None, metavar="X",
+                   help="FP16: the loss scaler's initial scale (default 65536; `ampkit diagnose --fp16-range` "
+                        "recommends one)")
+    p.add_argument("--callback", action="append", default=[], metavar="FILE.py:factory",
+                   help="call factory() for an ampkit.Callback run before/after each step, repeatable "
+                        "(module:factory works too)")
+    p.add_argument("--stop-signal", default=None, metavar="SIG",
+                   help="also stop gracefully on SIG (e.g. SIGUSR1, a scheduler's warning), as on SIGTERM/SIGINT: "
+                        "finish the step, save a checkpoint, exit 128+SIG")
+    p.add_argument("--stop-check-every", type=int, default=10, metavar="N",
+                   help="with several processes: the ranks agree on a stop every N steps (one small all_reduce "
+                        "and host read), so a stop takes effect within N steps")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
     dist = p.add_argument_group("more than one device (torchrun)")
     dist.add_argument("--strategy", choices=("ddp", "fsdp"), default=None,
@@ -83,17 +99,21 @@ def _train_argv(parser, args) -> list[str]:
 
 
 def _launch(args) -> int:
-    """``--nproc N``: replace this process with torchrun starting N copies of the same command."""
-    from ampkit.distributed import launched, torchrun_argv
+    """``--nproc N``: this process runs torchrun, which starts N copies of the same command (less --nproc).
+    A stop signal is forwarded to them; the exit code is theirs (128 + the signal's number)."""
+    from ampkit.distributed import launched
+    from ampkit.distributed.launch import run_torchrun, torchrun_args
     from ampkit.errors import UsageError
+    from ampkit.training.stop import parse_signal
 
     if launched():
         raise UsageError("--nproc starts torchrun, and this process already runs under torchrun: drop --nproc")
-    cmd = torchrun_argv(args.nproc, _train_argv(args._parser, args), max_restarts=args.max_restarts or 0)
+    stop = parse_signal(args.stop_signal).name if args.stop_signal else None
+    cmd = torchrun_args(args.nproc, _train_argv(args._parser, args), max_restarts=args.max_restarts or 0,
+                        stop_signal=stop)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvp(cmd[0], cmd)
-    return 0  # not reached
+    return run_torchrun(cmd)
 
 
 def run(args) -> int:
@@ -110,7 +130,8 @@ def run(args) -> int:
         seed=args.seed, out=args.out, ckpt_every=args.ckpt_every, keep=args.keep, log_every=args.log_every,
         resume=args.resume, max_grad_norm=args.max_grad_norm or None, accumulation_steps=args.accumulation_steps,
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
-        tensorboard=args.tensorboard, strategy=args.strategy,
+        tensorboard=args.tensorboard, strategy=args.strategy, init_scale=args.init_scale,
+        callbacks=tuple(args.callback), stop_signal=args.stop_signal, stop_check_every=args.stop_check_every,
     )
     config.validate()
     if args.nproc is not None:
@@ -121,8 +142,8 @@ def run(args) -> int:
         print_json(result.to_dict())
     elif main_rank:
         _summary(result)
-    if result.interrupted_by:
-        return 130 if result.interrupted_by == "SIGINT" else 143
+    if result.interrupted_by:  # the shell's convention for "ended by signal N"
+        return 128 + int(signal.Signals[result.interrupted_by])
     return 0
 
 

@@ -40,6 +40,8 @@ class AmpRef:
     call: cst.Call | None
     decorator: bool
     rewrite: bool
+    #: in version- or feature-dependent code (see Context.in_fallback): left alone, not reported
+    fallback: bool = False
 
 
 @dataclass
@@ -48,6 +50,7 @@ class AmpRefs:
     # import node (ImportFrom, or ImportAlias of `import torch.cuda.amp as amp`) -> new module
     moves: dict[cst.CSTNode, str] = field(default_factory=dict)
     stuck_imports: list[cst.CSTNode] = field(default_factory=list)
+    fallback_imports: list[cst.CSTNode] = field(default_factory=list)
 
 
 @dataclass
@@ -56,11 +59,13 @@ class _Import:
     new_module: str
     locals: list[str]
     all_known: bool
+    fallback: bool = False
 
 
 class _Imports(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, ctx: "Context") -> None:
         super().__init__()
+        self.ctx = ctx
         self.imports: list[_Import] = []
         self.names: set[str] = set()  # locals bound to one API object
         self.modules: set[str] = set()  # locals bound to a torch.X.amp module
@@ -87,7 +92,9 @@ class _Imports(cst.CSTVisitor):
                 known = False
             locals_.append(local)
         if old_amp or any(a.name.value == "amp" for a in node.names):
-            self.imports.append(_Import(node, "torch.amp" if old_amp else "torch", locals_, known))
+            fallback = self.ctx.in_fallback(node)
+            self.imports.append(_Import(node, "torch.amp" if old_amp else "torch", locals_, known and not fallback,
+                                        fallback))
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
@@ -95,7 +102,8 @@ class _Imports(cst.CSTVisitor):
             if m and m.group(2) is None and alias.asname is not None:
                 local = alias.asname.name.value
                 self.modules.add(local)
-                self.imports.append(_Import(alias, "torch.amp", [local], True))
+                fallback = self.ctx.in_fallback(node)
+                self.imports.append(_Import(alias, "torch.amp", [local], not fallback, fallback))
 
 
 class _Refs(cst.CSTVisitor):
@@ -125,15 +133,20 @@ class _Refs(cst.CSTVisitor):
         vendor, tail = match.group(1), match.group(2)
         api = tail if tail in APIS else None
         style, binding = self._style(node)
+        shim = False
         if any(not OLD_API.fullmatch(q) for q in names):
             # try: from torch.amp import X / except ImportError: from torch.cuda.amp import X --
             # the call may already be written for the new API; adding a device could break it.
             style = "ambiguous"
+            # When the other binding IS the new API, the name is a compat shim: correct as written.
+            shim = any(q.startswith("torch.amp.") or q == "torch.autocast" for q in names)
         parent = self.ctx.parent(node)
         call = parent if isinstance(parent, cst.Call) and parent.func is node else None
         decorator = isinstance(parent, cst.Decorator) and parent.decorator is node
-        ok = api is not None and style in ("rooted", "name", "module") and _rewritable(api, call, decorator)
-        self.refs.append(AmpRef(node, vendor, api, style, binding, call, decorator, ok))
+        fallback = shim or self.ctx.in_fallback(node)
+        ok = api is not None and style in ("rooted", "name", "module") and _rewritable(api, call, decorator) \
+            and not fallback
+        self.refs.append(AmpRef(node, vendor, api, style, binding, call, decorator, ok, fallback))
         return True
 
     def _style(self, node: cst.BaseExpression) -> tuple[str, str | None]:
@@ -163,7 +176,7 @@ def _rewritable(api: str, call: cst.Call | None, decorator: bool) -> bool:
 
 def analyse(ctx: "Context") -> AmpRefs:
     """Find the references and decide which imports move."""
-    imports = _Imports()
+    imports = _Imports(ctx)
     ctx.module.visit(imports)
     finder = _Refs(ctx, imports)
     ctx.module.visit(finder)
@@ -180,6 +193,9 @@ def analyse(ctx: "Context") -> AmpRefs:
     for imp in imports.imports:
         if imp.all_known and not stuck_locals.intersection(imp.locals):
             result.moves[imp.node] = imp.new_module
+        elif imp.fallback or all(r.fallback for r in finder.refs if r.binding in imp.locals) and \
+                any(r.binding in imp.locals for r in finder.refs):
+            result.fallback_imports.append(imp.node)  # serves old torch on purpose: not reported
         else:
             result.stuck_imports.append(imp.node)
     for r in finder.refs:

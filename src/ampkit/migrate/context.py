@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,15 @@ if TYPE_CHECKING:
 __all__ = ["Context", "TARGETS", "VENDOR_SWAP"]
 
 TARGETS = ("agnostic", "cuda", "musa")
+# A test that picks code by torch version or by feature: the code under it is a compatibility
+# shim, written on purpose for old and new torch alike (ultralytics' TORCH_1_13, mmengine's
+# digit_version(TORCH_VERSION), timm's hasattr(torch.cuda.amp, ...)).
+_VERSION_TEST = re.compile(
+    r"__version__|\bTORCH_\w*(?:\d|VERSION|GREATER|LESS|AVAILABLE)|torch_version|version\.parse|parse_version"
+    r"|LooseVersion|digit_version|is_torch_\w+|\b(?:has|get)attr\(\s*torch\b|\bHAS_\w*AMP"
+    r"|\bhas_native_amp\b|\bversion\s*[<>=]", re.IGNORECASE)
+# What a `try: new API` / `except ...:` fallback catches when the new API is missing.
+_FALLBACK_ERRORS = frozenset({"AttributeError", "TypeError", "ImportError", "ModuleNotFoundError", "NameError"})
 # target -> (vendor rewritten away, vendor written); "agnostic" swaps nothing.
 VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 
@@ -27,9 +37,20 @@ class Context:
         self.module = wrapper.module
         self.target = target
         self.filename = filename
-        self._pos = wrapper.resolve(PositionProvider)
-        self._parents = wrapper.resolve(ParentNodeProvider)
-        self._qn = wrapper.resolve(QualifiedNameProvider)
+
+    # Resolved on first use: the scope analysis behind qualified names costs more than parsing,
+    # and a file that only the name-free rules look at never pays for it.
+    @cached_property
+    def _pos(self):
+        return self.wrapper.resolve(PositionProvider)
+
+    @cached_property
+    def _parents(self):
+        return self.wrapper.resolve(ParentNodeProvider)
+
+    @cached_property
+    def _qn(self):
+        return self.wrapper.resolve(QualifiedNameProvider)
 
     # metadata
     def line(self, node: cst.CSTNode) -> int:
@@ -58,6 +79,21 @@ class Context:
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+    def in_fallback(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` sits in version- or feature-dependent code: under an ``if`` (or
+        conditional expression) that tests the torch version or ``hasattr(torch...)``, or in an
+        ``except AttributeError/TypeError/ImportError`` branch. Such code serves old torch on
+        purpose; rewriting it to the new API breaks exactly the case it exists for."""
+        child, parent = node, self.parent(node)
+        while parent is not None:
+            if isinstance(parent, (cst.If, cst.IfExp)) and _VERSION_TEST.search(self.code(parent.test)):
+                return True
+            if isinstance(parent, cst.ExceptHandler) and child is parent.body and \
+                    _catches_missing_api(parent.type):
+                return True
+            child, parent = parent, self.parent(parent)
+        return False
 
     # the file's conventions
     @cached_property
@@ -119,3 +155,11 @@ class Context:
 
         return DeviceResolver(self)
 
+
+
+def _catches_missing_api(kind: cst.BaseExpression | None) -> bool:
+    if kind is None:
+        return False  # a bare except catches everything: not a deliberate API fallback
+    names = [e.value for e in kind.elements] if isinstance(kind, cst.Tuple) else [kind]
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and
+               (n.value if isinstance(n, cst.Name) else n.attr.value) in _FALLBACK_ERRORS for n in names)

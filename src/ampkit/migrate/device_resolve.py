@@ -145,6 +145,10 @@ class DeviceResolver:
         return DeviceChoice(self.ctx.literal(device), device, fallback=self.ctx.target == "agnostic",
                             why="no device_type/device/DEVICE variable is visible here")
 
+    def visible(self, node: cst.CSTNode, vendor: str) -> DeviceChoice | None:
+        """The device variable visible at ``node`` (as :meth:`resolve` would use it), or None."""
+        return self._find(node, vendor)
+
     def _find(self, node: cst.CSTNode, vendor: str) -> DeviceChoice | None:
         line = self.ctx.line(node)
         chain = self._enclosing(node)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from ampkit.errors import AmpkitError, UsageError
+from ampkit.errors import AmpkitError, UsageError, first_line
 from ampkit.migrate.context import TARGETS, Context
 from ampkit.migrate.findings import CODES, Finding
 from ampkit.migrate.rules import RULES
 from ampkit.migrate.rules.base import Replacement
 
-__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options"]
+__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options", "may_match"]
 
 
 class SourceSyntaxError(UsageError):
@@ -38,10 +38,26 @@ def check_options(target: str, select: Iterable[str] | None) -> frozenset[str] |
     if select is None:
         return None
     codes = frozenset(select)
+    if not codes:
+        raise UsageError(f"--select names no code; give one or more of {', '.join(CODES)} (or leave it out)")
     unknown = sorted(codes - set(CODES))
     if unknown:
         raise UsageError(f"unknown code(s) {', '.join(unknown)} in --select; known: {', '.join(CODES)}")
     return codes
+
+
+def _rules(code: str, target: str, selected: frozenset[str] | None) -> list[type]:
+    return [r for r in RULES
+            if (selected is None or not r.codes or selected.intersection(r.codes)) and r.may_match(code, target)]
+
+
+def may_match(code: str, *, target: str = "agnostic", select: Iterable[str] | None = None) -> bool:
+    """Whether any rule could find something in ``code`` (a regex pre-check, no parse).
+
+    >>> may_match("import os\nprint(os.sep)\n")
+    False
+    """
+    return bool(_rules(code, target, check_options(target, select)))
 
 
 def _compile(code: str, filename: str) -> None:
@@ -57,9 +73,9 @@ def _parse(code: str, filename: str) -> cst.Module:
         return cst.parse_module(code)
     except SyntaxError as exc:
         raise SourceSyntaxError(f"{filename}:{exc.lineno}: does not parse ({exc.msg}); left untouched") from None
-    except cst.ParserSyntaxError as exc:
-        raise SourceSyntaxError(f"{filename}:{exc.raw_line}: does not parse ({exc.message}); left untouched") \
-            from None
+    except cst.ParserSyntaxError as exc:  # Python compiles it, libcst does not: a libcst limit
+        raise AmpkitError(f"{filename}:{exc.raw_line}: libcst cannot parse it ({exc.message}); Python "
+                          "can, so this is a libcst limit (deep nesting or newer syntax); left untouched") from None
 
 
 class _Apply(cst.CSTTransformer):
@@ -86,32 +102,50 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
     's = torch.amp.GradScaler("cuda")'
 
     Raises :class:`SourceSyntaxError` (a :class:`~ampkit.errors.UsageError`) when ``code`` does
-    not parse.
+    not parse, and :class:`~ampkit.errors.AmpkitError` when it is too deep or big to analyse (or a
+    rule fails on it); the message is one line that names the file.
     """
     selected = check_options(target, select)
+    try:
+        return _migrate(code, target, selected, filename)
+    except RecursionError:
+        # Python's own compiler, libcst's metadata and the visitors all recurse per nesting level;
+        # a long chain of implicitly concatenated strings (pydoc_data/topics.py) is enough.
+        raise AmpkitError(f"{filename}: nested too deeply to analyse (RecursionError); left untouched") from None
+    except MemoryError:
+        raise AmpkitError(f"{filename}: out of memory while analysing; left untouched") from None
+
+
+def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: str) -> MigrateResult:
+    # libcst drops a final lone "\r" (an old Mac line end) that Python reads as a newline: keep it aside.
+    tail = "\r" if code.endswith("\r") else ""
+    code = code[: len(code) - len(tail)]
+    rules = _rules(code, target, selected)
     module = _parse(code, filename)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # freshly parsed: nobody else holds it
     ctx = Context(wrapper, target=target, filename=filename)
     findings: list[Finding] = []
     replacements: dict[cst.CSTNode, list[Replacement]] = {}
-    for rule_cls in RULES:
-        if selected is not None and rule_cls.codes and not selected.intersection(rule_cls.codes):
-            continue
+    for rule_cls in rules:
         if not rule_cls.applies(ctx):
             continue
         rule = rule_cls(ctx)
         try:
             wrapper.visit(rule)
+        except (RecursionError, MemoryError):
+            raise  # the file is too big or deep for the analysis, not a rule bug: the caller says so
         except Exception as exc:  # a rule bug must not become a traceback or a half-written file
-            raise AmpkitError(f"{filename}: internal error in {rule_cls.__name__} ({exc.__class__.__name__}: "
-                              f"{exc}); file left untouched. Please report this with the file.") from exc
+            raise AmpkitError(f"{filename}: internal error in {rule_cls.__name__} ({first_line(exc, 200)}); "
+                              "file left untouched. Please report this with the file.") from exc
         findings.extend(f for f in rule.findings if selected is None or f.code in selected)
         for node, fn in rule.replacements:
             replacements.setdefault(node, []).append(fn)
     try:
         new_code = wrapper.module.visit(_Apply(replacements)).code if replacements else code
+    except (RecursionError, MemoryError):
+        raise
     except Exception as exc:
-        raise AmpkitError(f"{filename}: internal error while rewriting ({exc.__class__.__name__}: {exc}); "
+        raise AmpkitError(f"{filename}: internal error while rewriting ({first_line(exc, 200)}); "
                           "file left untouched. Please report this with the file.") from exc
     if new_code != code:
         try:
@@ -119,7 +153,7 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
         except SyntaxError as exc:  # a rule bug: never hand out code that does not run
             raise AmpkitError(f"{filename}: migrate produced code that does not parse ({exc.msg} at line "
                               f"{exc.lineno}); nothing written. Please report this with the file.") from None
-    return MigrateResult(new_code, _dedupe(findings), new_code != code)
+    return MigrateResult(new_code + tail, _dedupe(findings), new_code != code)
 
 
 def _dedupe(findings: list[Finding]) -> tuple[Finding, ...]:

@@ -35,9 +35,24 @@ from torch import nn
 
 from ampkit.errors import UsageError
 
-__all__ = ["Task", "load_task", "BUILTIN_TASKS", "parse_task_args"]
+__all__ = ["Task", "load_task", "BUILTIN_TASKS", "parse_task_args", "map_tensors", "import_factory"]
 
-Batch = tuple[torch.Tensor, ...]
+# A batch is a tensor, or tuples / lists / dicts of them, nested (HF style {"input_ids": ..., "labels": ...}).
+Batch = Any
+
+
+def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """``fn`` on every tensor of a nested batch, keeping its structure (tuple, namedtuple, list, dict);
+    anything else is passed through."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return type(batch)((k, map_tensors(v, fn)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(v, fn) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(v, fn) for v in batch)
+    return batch
 
 
 @dataclass(kw_only=True)
@@ -48,6 +63,10 @@ class Task:
     task's seed and ``step``: that is what makes resume exact and FP32-vs-AMP comparisons fair.
     ``loss(model, batch)`` runs the forward pass and returns a scalar loss (called under autocast).
     ``evaluate(model, device)`` returns metrics (called under autocast and ``torch.no_grad``).
+    ``make_optimizer(model)`` builds the optimizer (default: AdamW with ``lr``/``weight_decay``, fused
+    where the device has it); ``make_scheduler(optimizer, total_steps)`` builds an LR scheduler that
+    ``ampkit train`` steps once per optimizer step and keeps in its checkpoints (default: none).
+    A batch may be a tensor or tuples, lists and dicts of tensors, nested.
 
     >>> x, y = torch.randn(64, 4), torch.randn(64, 1)
     >>> task = ampkit.Task(name="toy", model=torch.nn.Linear(4, 1), batch=lambda step: (x, y),
@@ -70,6 +89,8 @@ class Task:
     default_steps: int = 200
     flops_per_step: float | None = None  # forward+backward FLOPs of one batch, for MFU
     description: str = ""
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None
+    make_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,12 +129,23 @@ def _resolve_factory(spec: str) -> Callable[..., Task]:
     if ":" not in target:
         names = ", ".join(BUILTIN_TASKS)
         raise UsageError(f"unknown task {spec!r}: use a built-in ({names}) or FILE.py:factory / module:factory")
-    mod_name, _, attr = target.rpartition(":")
+    return import_factory(target, what="task", returns="an ampkit.Task")
+
+
+def import_factory(spec: str, *, what: str, returns: str) -> Callable[..., Any]:
+    """The callable named by ``FILE.py:name`` or ``module:name``; a one-line :class:`UsageError` otherwise.
+
+    ``what`` names the thing in messages (``"task"``, ``"callback"``), ``returns`` says what the
+    factory must return.
+    """
+    mod_name, sep, attr = spec.rpartition(":")
+    if not sep or not mod_name or not attr:
+        raise UsageError(f"bad {what} {spec!r}: use FILE.py:factory or module:factory")
     if mod_name.endswith(".py") or os.sep in mod_name or "/" in mod_name:
         path = os.path.abspath(mod_name)
         if not os.path.isfile(path):
-            raise UsageError(f"task file {mod_name!r} does not exist")
-        module_name = f"ampkit_user_task_{abs(hash(path))}"
+            raise UsageError(f"{what} file {mod_name!r} does not exist")
+        module_name = f"ampkit_user_{what}_{abs(hash(path))}"
         spec_obj = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec_obj)
         sys.modules[module_name] = module
@@ -128,10 +160,10 @@ def _resolve_factory(spec: str) -> Callable[..., Task]:
         try:
             module = importlib.import_module(mod_name)
         except ImportError as exc:
-            raise UsageError(f"cannot import task module {mod_name!r}: {exc}") from exc
+            raise UsageError(f"cannot import {what} module {mod_name!r}: {exc}") from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise UsageError(f"{mod_name} has no callable {attr!r}: the factory returns an ampkit.Task")
+        raise UsageError(f"{mod_name} has no callable {attr!r}: the factory returns {returns}")
     return factory
 
 
@@ -148,8 +180,8 @@ def _check_option_type(spec: str, key: str, value: Any, param: inspect.Parameter
                          f"got {value!r}")
 
 
-def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
-    """Build a task from a built-in name, ``FILE.py:factory`` or ``module:factory``.
+def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
+    """Build a task from a built-in name, ``FILE.py:factory``, ``module:factory`` or the factory itself.
 
     The factory is called as ``factory(seed=seed, **options)`` (``seed`` only if it accepts one),
     under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone.
@@ -158,7 +190,12 @@ def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None
     >>> task.name, task.metric
     ('digits', 'accuracy')
     """
-    factory = _resolve_factory(spec)
+    if callable(spec):
+        factory, spec = spec, getattr(spec, "__name__", type(spec).__name__)
+    elif isinstance(spec, str):
+        factory = _resolve_factory(spec)
+    else:
+        raise UsageError(f"a task is a spec string or a factory(seed=...) -> ampkit.Task, got {type(spec).__name__}")
     options = dict(options or {})
     params = inspect.signature(factory).parameters
     accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -12,6 +12,7 @@ from ampkit.migrate.rules.deprecated_api import DeprecatedApiRule
 from ampkit.migrate.rules.device_target import DeviceTargetRule
 from ampkit.migrate.rules.grad_scaler import GradScalerRule
 from ampkit.migrate.rules.half_inside_autocast import HalfInsideAutocastRule
+from ampkit.migrate.rules.hard_coded_device import HardCodedDeviceRule
 from ampkit.migrate.rules.host_sync_per_step import HostSyncPerStepRule
 from ampkit.migrate.rules.scaler_with_bf16 import ScalerWithBf16Rule
 from ampkit.migrate.rules.unsafe_torch_load import UnsafeTorchLoadRule
@@ -31,4 +32,5 @@ RULES: tuple[type[Rule], ...] = (
     HostSyncPerStepRule,
     BceUnderAutocastRule,
     HalfInsideAutocastRule,
+    HardCodedDeviceRule,
 )

@@ -26,13 +26,17 @@ def amp_refs_for(rule: Rule, *apis: str) -> list[AmpRef]:
 
 
 def report_fallback(rule: Rule, ref: AmpRef, choice: DeviceChoice, new: str, example: str) -> None:
-    """The device was hard-coded to the old vendor: say so and show the device-agnostic form."""
+    """The device was hard-coded to the old vendor: say so and show the device-agnostic form.
+
+    ``new`` is the rewrite; ``example`` the same call (the user's own arguments) taking a
+    ``device_type`` variable instead. After ``--fix`` the reminder stays, as ``hard-coded-device``.
+    """
     if not choice.fallback:
         return
     old = f"torch.{ref.vendor}.amp.{ref.api}"
     rule.report(
         ref.node, "deprecated-amp-api",
-        f"{old} is deprecated; rewritten to {new} with the device hard-coded to {choice.code} "
+        f"{old} is deprecated; rewritten to `{new}` with the device hard-coded to {choice.code} "
         f"({choice.why}). Pass the device in so the code runs on cuda, musa and cpu.",
-        example, rewritten=True,
+        f"{example}  # device_type: \"cuda\", \"musa\" or \"cpu\", passed in", rewritten=True,
     )

@@ -9,13 +9,14 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import expr
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["AmpImportsRule"]
 
 
 class AmpImportsRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         for imp, module in self.ctx.amp_refs.moves.items():

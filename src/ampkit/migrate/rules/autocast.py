@@ -14,7 +14,7 @@ from ampkit.migrate._cst import append_arg, expr, keyword_arg, kwarg, prepend_ar
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.device_resolve import NEW_DEFAULT_DTYPE, OLD_DEFAULT_DTYPE, DeviceChoice
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["AutocastRule"]
 
@@ -23,6 +23,7 @@ _OLD_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 
 class AutocastRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "autocast"):
@@ -42,21 +43,24 @@ class AutocastRule(Rule):
             choice = DeviceChoice(self.ctx.literal(device), device, self.ctx.target == "agnostic",
                                   "torch is not imported as a module, so the dtype cannot be written")
             need_dtype = False
-        report_fallback(self, ref, choice, f"torch.amp.autocast({choice.code}, ...)",
-                        f"with torch.amp.autocast(device.type, dtype=torch.{old_dtype}):")
 
-        def fix(updated: cst.Call) -> cst.Call:
-            args, index = [], 0
-            for arg in updated.args:
-                if arg.keyword is None:
-                    arg = keyword_arg(_OLD_POSITIONAL[index], arg.value).with_changes(
-                        comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg)
-                    index += 1
-                args.append(arg)
-            new = updated.with_changes(func=new_callee(ref, updated.func), args=args)
-            new = prepend_arg(new, cst.Arg(expr(choice.code)))
-            if need_dtype:
-                new = append_arg(new, keyword_arg("dtype", expr(f"{torch}.{old_dtype}")))
-            return new
+        def fixer(device: str, dtype: bool):
+            def fix(updated: cst.Call) -> cst.Call:
+                args, index = [], 0
+                for arg in updated.args:
+                    if arg.keyword is None:
+                        arg = keyword_arg(_OLD_POSITIONAL[index], arg.value).with_changes(
+                            comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg)
+                        index += 1
+                    args.append(arg)
+                new = updated.with_changes(func=new_callee(ref, updated.func), args=args)
+                new = prepend_arg(new, cst.Arg(expr(device)))
+                if dtype:
+                    new = append_arg(new, keyword_arg("dtype", expr(f"{torch or 'torch'}.{old_dtype}")))
+                return new
+            return fix
 
-        self.replace(call, fix)
+        # Passed a device variable, the call must keep the old API's dtype: the new default differs per device.
+        report_fallback(self, ref, choice, self.ctx.code(fixer(choice.code, need_dtype)(call)),
+                        self.ctx.code(fixer("device_type", not has_dtype)(call)))
+        self.replace(call, fixer(choice.code, need_dtype))

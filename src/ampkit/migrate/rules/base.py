@@ -8,6 +8,8 @@ autocast call that another rule rewrites is still retargeted).
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from typing import Callable, ClassVar
 
 import libcst as cst
@@ -15,7 +17,13 @@ import libcst as cst
 from ampkit.migrate.context import Context
 from ampkit.migrate.findings import Finding
 
-__all__ = ["Rule", "Replacement"]
+__all__ = ["Rule", "Replacement", "OLD_AMP_TOKEN", "OLD_AMP_WORDS"]
+
+# Every way of reaching torch.{cuda,cpu,musa}.amp spells "<vendor>.amp" (torch.cuda.amp.X,
+# from torch.cuda.amp import X, import torch.cuda.amp as amp, cuda.amp.X) or imports `amp` from
+# torch.<vendor> (from torch.cuda import amp).
+OLD_AMP_WORDS = (("amp",), ("cuda", "cpu", "musa"))
+OLD_AMP_TOKEN = r"(?:cuda|cpu|musa)\s*\.\s*amp\b|from\s+torch\s*\.\s*(?:cuda|cpu|musa)\s+import\b"
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel]
 
@@ -26,6 +34,12 @@ class Rule(cst.CSTVisitor):
     #: finding codes the rule emits; ``--select`` runs a rule when one of them is selected.
     #: Rules with no code (``--target`` rewrites) always run.
     codes: ClassVar[tuple[str, ...]] = ()
+    #: a cheap pre-check, so files that cannot match are never parsed: groups of words, and the
+    #: file's text must contain a word of EVERY group (plain substring tests, fast on megabytes).
+    #: Keep them a superset of what the visitor matches (a test runs each rule on its fixtures).
+    tokens: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    #: an optional regular expression that must also match, tried only when the words are there.
+    pattern: ClassVar[str | None] = None
 
     def __init__(self, ctx: Context) -> None:
         super().__init__()
@@ -38,9 +52,21 @@ class Rule(cst.CSTVisitor):
         """False to skip the rule for this file or target."""
         return True
 
+    @classmethod
+    def may_match(cls, text: str, target: str) -> bool:
+        """False when ``text`` lacks a token the rule needs: it cannot report or rewrite anything."""
+        if not all(any(word in text for word in group) for group in cls.tokens):
+            return False
+        return cls.pattern is None or _compiled(cls.pattern).search(text) is not None
+
     def report(self, node: cst.CSTNode, code: str, message: str, fix: str, *, rewritten: bool = False) -> None:
         self.findings.append(Finding(code=code, message=message, path=self.ctx.filename,
                                      line=self.ctx.line(node), fix=fix, rewritten=rewritten))
 
     def replace(self, node: cst.CSTNode, fn: Replacement) -> None:
         self.replacements.append((node, fn))
+
+
+@lru_cache(maxsize=None)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)

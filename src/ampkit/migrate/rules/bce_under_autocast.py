@@ -20,6 +20,7 @@ _FIX = ("criterion = nn.BCEWithLogitsLoss()  # and return logits: drop the final
 
 class BceUnderAutocastRule(AutocastRegionRule):
     codes = ("bce-under-autocast",)
+    tokens = (("binary_cross_entropy", "BCELoss"), ("autocast",))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

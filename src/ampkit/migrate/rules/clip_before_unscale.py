@@ -20,6 +20,7 @@ _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
 
 class ClipBeforeUnscaleRule(Rule):
     codes = ("clip-before-unscale",)
+    tokens = (("clip_grad_",), (".scale",))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

@@ -11,13 +11,14 @@ import libcst as cst
 from ampkit.migrate._cst import append_arg, expr, keyword_arg, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["CustomFwdRule"]
 
 
 class CustomFwdRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "custom_fwd", "custom_bwd"):
@@ -28,7 +29,7 @@ class CustomFwdRule(Rule):
         choice = self.ctx.devices.resolve(ref.node, ref.vendor)
         device_arg = keyword_arg("device_type", expr(choice.code))
         report_fallback(self, ref, choice, f"torch.amp.{ref.api}(device_type={choice.code})",
-                        f"@torch.amp.{ref.api}(device_type=DEVICE_TYPE)  # a module-level constant")
+                        f"@torch.amp.{ref.api}(device_type=DEVICE_TYPE)  # DEVICE_TYPE: a module-level constant")
 
         if ref.call is None:  # bare decorator: becomes a call
             def fix_bare(updated: cst.BaseExpression) -> cst.Call:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate.amp_refs import AmpRef
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["DeprecatedApiRule"]
 
@@ -24,11 +24,12 @@ _PUBLIC = "use the public torch.amp API: torch.amp.autocast, GradScaler, custom_
 
 class DeprecatedApiRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         refs = self.ctx.amp_refs
         for ref in refs.refs:
-            if not ref.rewrite:
+            if not ref.rewrite and not ref.fallback:
                 self._report_ref(ref)
         for imp in refs.stuck_imports:
             self.report(imp, "deprecated-amp-api",

@@ -1,12 +1,18 @@
 """``--target musa`` / ``--target cuda``: move device-specific code to one vendor.
 
-``"cuda"``/``"cuda:0"`` strings, ``.cuda()``, the ``torch.cuda.X`` runtime calls with a
-``torch.musa`` twin, and ``"nccl"`` (and the reverse for ``--target cuda``, which also drops
-``import torch_musa``). What cannot be moved safely (``.cuda(rank)``, a ``torch.cuda`` function
-without a twin) is reported.
+``"cuda"``/``"cuda:0"`` strings (also ``f"cuda:{rank}"``, ``"cuda:%d" % rank`` and
+``"cuda:{}".format(rank)``), ``.cuda()``, the ``torch.cuda.X`` runtime calls with a ``torch.musa``
+twin, and ``"nccl"`` when the file's device moves too (and the reverse for ``--target cuda``, which
+also drops ``import torch_musa``). A vendor dispatcher that already handles the target
+(``if device_type == "cuda": ... elif device_type == "musa": ...``, ``("cuda", "musa")``) is left
+alone, or it would become two branches for one vendor. What cannot be moved safely
+(``.cuda(rank)``, a ``torch.cuda`` function without a twin, a backend chosen by
+``dist.is_nccl_available()``) is reported.
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -25,6 +31,8 @@ TWINS = frozenset({
     "Event", "Stream", "is_bf16_supported", "mem_get_info", "get_rng_state", "set_rng_state",
 })
 _BACKEND = {"musa": ("nccl", "mccl"), "cuda": ("mccl", "nccl")}
+# A device string, or a template for one: "cuda", "cuda:0", "cuda:%d", "cuda:{}", "cuda:{rank}".
+_TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
 
 
 class DeviceTargetRule(Rule):
@@ -34,19 +42,89 @@ class DeviceTargetRule(Rule):
     def applies(cls, ctx) -> bool:
         return ctx.target in VENDOR_SWAP
 
+    @classmethod
+    def may_match(cls, text: str, target: str) -> bool:
+        if target not in VENDOR_SWAP:
+            return False
+        src = VENDOR_SWAP[target][0]
+        return src in text or _BACKEND[target][0] in text
+
     def visit_Module(self, node: cst.Module) -> None:
         self.src, self.dst = VENDOR_SWAP[self.ctx.target]
         self.backend = _BACKEND[self.ctx.target]
+        self._moved = False  # a device moved: the collective backend may follow
+        self._backends: list[cst.SimpleString] = []
+
+    def leave_Module(self, node: cst.Module) -> None:
+        old, new = self.backend
+        for string in self._backends:
+            if self._moved:
+                self.replace(string, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
+            else:
+                self.report(string, "deprecated-amp-api",
+                            f'"{old}" was not moved to "{new}": nothing in this file puts the model on a '
+                            f"{self.dst} device, and the backend must match the device it runs on.",
+                            f'backend = "{new}" if device.type == "{self.dst}" else "gloo"')
+
+    # Dispatchers that already handle both vendors: not a line of them changes.
+    def _handles_both(self, *nodes: cst.CSTNode) -> bool:
+        found: set[str] = set()
+
+        class _Strings(cst.CSTVisitor):
+            def visit_SimpleString(self, n: cst.SimpleString) -> None:
+                found.add(device_type_of(string_value(n)) or "")
+
+        for n in nodes:
+            n.visit(_Strings())
+        return {self.src, self.dst} <= found
+
+    def visit_If(self, node: cst.If) -> bool:
+        tests, branch = [], node
+        while isinstance(branch, cst.If):  # the whole if / elif chain
+            tests.append(branch.test)
+            branch = branch.orelse
+        return not self._handles_both(*tests)
+
+    def visit_IfExp(self, node: cst.IfExp) -> bool:
+        if "nccl_available" in self.ctx.code(node.test) or "mccl_available" in self.ctx.code(node.test):
+            self.report(node, "deprecated-amp-api",
+                        f"a backend chosen by `{self.ctx.code(node.test)}` was left as is: that test says nothing "
+                        f"about {self.dst}; choose the backend from the device you run on.",
+                        f'backend = "{self.backend[1]}" if device.type == "{self.dst}" else "gloo"')
+            return False
+        return not self._handles_both(node)
+
+    def visit_Tuple(self, node: cst.Tuple) -> bool:
+        return not self._handles_both(node)
+
+    def visit_List(self, node: cst.List) -> bool:
+        return not self._handles_both(node)
+
+    def visit_Set(self, node: cst.Set) -> bool:
+        return not self._handles_both(node)
+
+    def visit_Dict(self, node: cst.Dict) -> bool:
+        return not self._handles_both(node)
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = string_value(node)
-        if device_type_of(value) == self.src:
-            new = self.dst + value[len(self.src):]
-        elif value == self.backend[0]:
-            new = self.backend[1]
-        else:
+        if value is None:
             return
-        self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
+        m = _TEMPLATE.fullmatch(value)
+        if m and m.group(1) == self.src:
+            new = self.dst + value[len(self.src):]
+            self._moved = True
+            self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
+        elif value == self.backend[0]:
+            self._backends.append(node)
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        # f"cuda:{rank}": the text before the first placeholder names the device.
+        parts = node.parts
+        if len(parts) >= 2 and isinstance(parts[0], cst.FormattedStringText) and \
+                parts[0].value == f"{self.src}:" and isinstance(parts[1], cst.FormattedStringExpression):
+            self._moved = True
+            self.replace(parts[0], lambda u: u.with_changes(value=f"{self.dst}:"))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         # torch.cuda.synchronize -> torch.musa.synchronize
@@ -55,6 +133,7 @@ class DeviceTargetRule(Rule):
                 and "torch" in self.ctx.qnames(inner.value)):
             return
         if node.attr.value in TWINS:
+            self._moved = True
             self.replace(node, lambda u: u.with_changes(value=u.value.with_changes(attr=cst.Name(self.dst))))
         elif node.attr.value != "amp":  # the amp rules handle torch.cuda.amp
             self.report(node, "deprecated-amp-api",
@@ -69,11 +148,13 @@ class DeviceTargetRule(Rule):
         positional = [a for a in node.args if a.keyword is None]
         device = self.ctx.literal(self.dst)
         if not positional and not any(a.keyword.value == "device" for a in node.args):
+            self._moved = True
             self.replace(node, lambda u: prepend_arg(u.with_changes(func=u.func.with_changes(attr=cst.Name("to"))),
                                                      cst.Arg(cst.SimpleString(device))))
         elif len(positional) == 1 and isinstance(positional[0].value, cst.Integer) and not positional[0].star:
             index = positional[0].value.value
             literal = cst.SimpleString(self.ctx.literal(f"{self.dst}:{index}"))
+            self._moved = True
             self.replace(node, lambda u: u.with_changes(
                 func=u.func.with_changes(attr=cst.Name("to")),
                 args=[u.args[0].with_changes(value=literal), *u.args[1:]]))

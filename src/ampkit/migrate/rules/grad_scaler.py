@@ -10,13 +10,14 @@ import libcst as cst
 from ampkit.migrate._cst import expr, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import Rule
+from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["GradScalerRule"]
 
 
 class GradScalerRule(Rule):
     codes = ("deprecated-amp-api",)
+    tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "GradScaler"):
@@ -25,11 +26,13 @@ class GradScalerRule(Rule):
 
     def _rewrite(self, ref: AmpRef) -> None:
         choice = self.ctx.devices.resolve(ref.call, ref.vendor)
-        report_fallback(self, ref, choice, f"torch.amp.GradScaler({choice.code}, ...)",
-                        "scaler = torch.amp.GradScaler(device.type, enabled=(dtype == torch.float16))")
 
-        def fix(updated: cst.Call) -> cst.Call:
-            new = updated.with_changes(func=new_callee(ref, updated.func))
-            return prepend_arg(new, cst.Arg(expr(choice.code)))
+        def fixer(device: str):
+            def fix(updated: cst.Call) -> cst.Call:
+                new = updated.with_changes(func=new_callee(ref, updated.func))
+                return prepend_arg(new, cst.Arg(expr(device)))
+            return fix
 
-        self.replace(ref.call, fix)
+        report_fallback(self, ref, choice, self.ctx.code(fixer(choice.code)(ref.call)),
+                        self.ctx.code(fixer("device_type")(ref.call)))
+        self.replace(ref.call, fixer(choice.code))

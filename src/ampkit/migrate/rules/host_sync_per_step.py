@@ -1,8 +1,10 @@
 """``host-sync-per-step``: ``.item()`` or ``if not torch.isfinite(...)`` in the body of a training
-loop (a for/while whose own body calls ``.backward()`` or steps the optimizer).
+loop (a for/while whose own body calls ``.backward()``, steps the optimizer, or hands the loss to
+a scaler helper such as timm's ``loss_scaler(loss, optimizer, ...)``).
 
 Each one makes the host wait for the device every step, so the GPU idles while Python catches
-up. The same call under ``if step % N == 0`` runs every N steps and is fine.
+up. The same call under ``if step % N == 0`` runs every N steps and is fine, and so is one on an
+error path that ends the run (a block ending in ``raise`` or ``sys.exit``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ _HOST_MODULES = ("math", "np", "numpy", "cmath")
 
 
 class _Frame:
-    def __init__(self, training: bool) -> None:
+    def __init__(self, training: bool, step: str = "step") -> None:
         self.training = training
-        self.guards = 0  # enclosing `if ... % N ...` bodies inside this loop
+        self.step = step  # the loop's counter, for the fix hint
+        self.guards = 0  # enclosing `if ... % N ...` bodies and error paths inside this loop
 
 
 class _IsTrainingLoop(cst.CSTVisitor):
@@ -38,6 +41,12 @@ class _IsTrainingLoop(cst.CSTVisitor):
         receiver = (dotted(func.value) or "").lower()
         self.found |= func.attr.value == "backward" or (
             func.attr.value == "step" and (bool(node.args) or "opt" in receiver))
+
+    def visit_Call_func(self, node: cst.Call) -> None:
+        # loss_scaler(loss, optimizer, ...): a helper that scales, backpropagates and steps.
+        name = last_name(node.func) or ""
+        if "scaler" in name.lower() and name[:1].islower() and any(a.keyword is None for a in node.args):
+            self.found = True
 
     def visit_For(self, node: cst.For) -> bool:
         return False
@@ -63,6 +72,7 @@ def _has_modulo(node: cst.CSTNode) -> bool:
 
 class HostSyncPerStepRule(Rule):
     codes = ("host-sync-per-step",)
+    tokens = ((".item()", "isfinite(", "isnan(", "isinf("), (".backward(", ".step(", "scaler", "Scaler"))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -71,7 +81,15 @@ class HostSyncPerStepRule(Rule):
     def _push_loop(self, node: cst.For | cst.While) -> None:
         finder = _IsTrainingLoop()
         node.body.visit(finder)
-        self._frames.append(_Frame(finder.found))
+        self._frames.append(_Frame(finder.found, _counter(node)))
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        if self._frames and _ends_the_run(node):
+            self._frames[-1].guards += 1
+
+    def leave_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        if self._frames and _ends_the_run(node):
+            self._frames[-1].guards -= 1
 
     def visit_For_body(self, node: cst.For) -> None:
         self._push_loop(node)
@@ -95,11 +113,12 @@ class HostSyncPerStepRule(Rule):
         return bool(self._frames) and self._frames[-1].training and self._frames[-1].guards == 0
 
     def visit_If(self, node: cst.If) -> None:
-        if self._per_step() and self._checks_finite(node.test):
+        checked = self._checks_finite(node.test) if self._per_step() else None
+        if checked is not None:
             self.report(node, "host-sync-per-step",
                         f"`if {self.ctx.code(node.test)}` reads a device value on the host every step, "
                         "which waits for the GPU. GradScaler already skips steps with inf/NaN gradients.",
-                        "bad_steps += (~torch.isfinite(loss)).int()  # on device; read it when you log")
+                        f"bad_steps += (~torch.isfinite({checked})).sum()  # on the device; read it when you log")
 
     def visit_If_body(self, node: cst.If) -> None:
         if self._frames and _has_modulo(node.test):
@@ -112,22 +131,45 @@ class HostSyncPerStepRule(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         if last_name(node.func) == "item" and isinstance(node.func, cst.Attribute) and not node.args \
                 and self._per_step():
+            value, step = self.ctx.code(node.func.value), self._frames[-1].step
             self.report(node, "host-sync-per-step",
-                        f"`{self.ctx.code(node.func.value)}.item()` copies to the host every step, which "
+                        f"`{value}.item()` copies to the host every step, which "
                         "waits for the GPU. Accumulate on the device and read every N steps.",
-                        "running = running + loss.detach()\nif step % log_every == 0:\n"
-                        "    print((running / log_every).item()); running.zero_()")
+                        f"running = running + {value}.detach()  # stays on the device\n"
+                        f"if {step} % log_every == 0:\n    print((running / log_every).item()); running.zero_()")
 
-    @staticmethod
-    def _checks_finite(test: cst.BaseExpression) -> bool:
+    def _checks_finite(self, test: cst.BaseExpression) -> str | None:
+        """The checked expression of a device-side isfinite/isnan/isinf call in ``test``."""
+        found: list[str] = []
+        code = self.ctx.code
+
         class _Find(cst.CSTVisitor):
-            found = False
-
             def visit_Call(self, n: cst.Call) -> None:
                 name = dotted(n.func) or ""
                 # math.isfinite / np.isfinite test host numbers: no device sync of their own.
-                self.found |= last_name(n.func) in _CHECKS and name.split(".")[0] not in _HOST_MODULES
+                if last_name(n.func) in _CHECKS and name.split(".")[0] not in _HOST_MODULES:
+                    found.append(code(n.args[0].value) if n.args else "loss")
 
-        finder = _Find()
-        test.visit(finder)
-        return finder.found
+        test.visit(_Find())
+        return found[0] if found else None
+
+
+def _counter(loop: cst.For | cst.While) -> str:
+    """The loop's step counter as the user named it: ``i`` in ``for i, (x, y) in enumerate(...)``."""
+    target = loop.target if isinstance(loop, cst.For) else None
+    if isinstance(target, (cst.Tuple, cst.List)) and target.elements:
+        target = target.elements[0].value
+    return target.value if isinstance(target, cst.Name) and target.value != "_" else "step"
+
+
+def _ends_the_run(block: cst.IndentedBlock) -> bool:
+    """The block ends in ``raise``, ``sys.exit(...)``, ``exit()``/``quit()`` or ``os._exit``: code in
+    it runs once, on the way out, not every step."""
+    last = block.body[-1] if block.body else None
+    if not isinstance(last, cst.SimpleStatementLine) or not last.body:
+        return False
+    stmt = last.body[-1]
+    if isinstance(stmt, cst.Raise):
+        return True
+    return isinstance(stmt, cst.Expr) and isinstance(stmt.value, cst.Call) and \
+        dotted(stmt.value.func) in ("sys.exit", "exit", "quit", "os._exit")

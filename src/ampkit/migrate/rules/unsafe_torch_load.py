@@ -1,22 +1,34 @@
 """``unsafe-torch-load``: ``torch.load`` without ``weights_only=True``.
 
 A full unpickle runs whatever code the file names; ``weights_only=True`` loads tensors, dicts and
-numbers only (the default from torch 2.6, not before). Rewritten when unambiguous: no
-``weights_only``, ``pickle_module`` or ``**kwargs`` at the call. Otherwise reported.
+numbers only (the default from torch 2.6, not before). Static analysis cannot know what a
+checkpoint holds: one with a pickled ``nn.Module`` or an ``argparse.Namespace`` stops loading
+under ``weights_only=True`` on torch < 2.6. So the call is rewritten only where the loaded value is
+provably a state dict (``x.load_state_dict(torch.load(...))``); elsewhere it is reported with the
+safe alternatives. An explicit opt-out (``weights_only=False``, or a branch that tests
+``weights_only``) is never reversed.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from ampkit.migrate._cst import append_arg, dotted, keyword_arg, kwarg
+from ampkit.migrate._cst import append_arg, dotted, keyword_arg, kwarg, last_name
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["UnsafeTorchLoadRule"]
 
+_ALTERNATIVES = (
+    "# the checkpoint holds other objects (argparse.Namespace, ...)? allow exactly those:\n"
+    "torch.serialization.add_safe_globals([argparse.Namespace])\n"
+    "# or save model.state_dict() instead of the module, so weights_only=True can load it")
+
 
 class UnsafeTorchLoadRule(Rule):
     codes = ("unsafe-torch-load",)
+    tokens = (("torch",), ("load",))
+    # torch.load itself, `load` imported by name, or torch under another name (import torch as th)
+    pattern = r"torch\s*\.\s*load\b|import\b[^\n]*\bload\b|\bimport\s+torch\s+as\b"
 
     def visit_Call(self, node: cst.Call) -> None:
         if "torch.load" not in self.ctx.qnames(node.func):
@@ -24,19 +36,45 @@ class UnsafeTorchLoadRule(Rule):
         given = kwarg(node, "weights_only")
         if given is not None and dotted(given.value) == "True":
             return
+        if self._in_weights_only_branch(node):
+            return  # the code already chooses between the two on purpose
         positional = [a for a in node.args if a.keyword is None]
-        ambiguous = (given is not None or kwarg(node, "pickle_module") is not None
-                     or len(positional) > 2 or any(a.star for a in node.args))
-        why = ("weights_only is set to something other than True" if given is not None
-               else "pickle_module or **kwargs make weights_only=True unsafe to add blindly" if ambiguous
-               else "")
-        message = ("torch.load unpickles arbitrary objects: a tampered checkpoint runs code on load. "
-                   "Load tensors only with weights_only=True" + (f" ({why})." if why else "."))
+        plain = (given is None and kwarg(node, "pickle_module") is None and len(positional) <= 2
+                 and not any(a.star for a in node.args))
+
         def add(u: cst.Call) -> cst.Call:
             return append_arg(u, keyword_arg("weights_only", cst.Name("True")))
 
-        fix = (self.ctx.code(add(node)) if not ambiguous
-               else "state = torch.load(path, map_location=\"cpu\", weights_only=True)")
-        self.report(node, "unsafe-torch-load", message, fix, rewritten=not ambiguous)
-        if not ambiguous:
+        if given is None:
+            safe_call = self.ctx.code(add(node))
+        else:
+            safe_call = self.ctx.code(node.with_changes(args=[
+                a.with_changes(value=cst.Name("True")) if a is given else a for a in node.args]))
+        if given is not None:
+            message = (f"torch.load with weights_only={self.ctx.code(given.value)} unpickles arbitrary objects: "
+                       "a tampered checkpoint runs code on load. Keep it only for files you trust.")
+        else:
+            message = ("torch.load unpickles arbitrary objects (before torch 2.6): a tampered checkpoint runs "
+                       "code on load. Load with weights_only=True" + (
+                           "." if plain else " (pickle_module or **kwargs here: check them first)."))
+        rewrite = plain and self._feeds_load_state_dict(node)
+        fix = safe_call if rewrite else f"{safe_call}  # tensors, dicts, lists, numbers only\n{_ALTERNATIVES}"
+        self.report(node, "unsafe-torch-load", message, fix, rewritten=rewrite)
+        if rewrite:
             self.replace(node, add)
+
+    def _feeds_load_state_dict(self, node: cst.Call) -> bool:
+        """``model.load_state_dict(torch.load(...))``: the value is a state dict, which
+        ``weights_only=True`` always loads."""
+        arg = self.ctx.parent(node)
+        call = self.ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+        return isinstance(call, cst.Call) and last_name(call.func) == "load_state_dict" and \
+            arg.keyword is None and call.args[0] is arg
+
+    def _in_weights_only_branch(self, node: cst.CSTNode) -> bool:
+        parent = self.ctx.parent(node)
+        while parent is not None:
+            if isinstance(parent, (cst.If, cst.IfExp)) and "weights_only" in self.ctx.code(parent.test):
+                return True
+            parent = self.ctx.parent(parent)
+        return False

@@ -1,0 +1,113 @@
+"""Every private or version-dependent torch API ampkit uses, in one place, with its gate.
+
+ampkit promises ``torch>=2.5`` (the oldest release current torch_musa builds on). Code elsewhere calls
+these functions instead of reaching into ``torch.amp.GradScaler`` internals or calling APIs that
+appeared after 2.5, so a torch upgrade that moves an internal breaks this module and its tests only.
+
+What lives here and why it is needed:
+
+* GradScaler's scale and growth tracker (``_scale``, ``_growth_tracker``): the engine keeps them in its
+  own device block (one allocation, no host reads) and clamps the scale to a floor torch lacks.
+* GradScaler's per-optimizer found-inf flags (``_found_inf_per_device``, ``_per_optimizer_states``):
+  the engine's skip decision is the flag ``unscale_`` already computed, made to agree across ranks.
+* The fused-optimizer protocol (``_step_supports_amp_scaling``, ``grad_scale`` / ``found_inf``
+  attributes read by fused ``step()``): how a skipped step is skipped on the device.
+* ``torch.nn.utils.get_total_norm`` (torch 2.6+), and ``torch._foreach_norm``.
+"""
+
+from __future__ import annotations
+
+import re
+import torch
+
+__all__ = [
+    "TORCH_VERSION",
+    "HAS_GET_TOTAL_NORM",
+    "scaler_tensors",
+    "adopt_scaler_tensors",
+    "scaler_init_values",
+    "clamp_scale_",
+    "found_inf_flags",
+    "forget_unscale",
+    "supports_found_inf",
+    "fused_step",
+    "total_norm",
+]
+
+
+def _version(text: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+#: (major, minor) of the running torch.
+TORCH_VERSION: tuple[int, int] = _version(torch.__version__)
+#: ``torch.nn.utils.get_total_norm`` appeared in torch 2.6.
+HAS_GET_TOTAL_NORM: bool = hasattr(torch.nn.utils, "get_total_norm")
+
+
+# ---------------------------------------------------------------------- GradScaler internals
+def scaler_tensors(scaler: torch.amp.GradScaler) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The scaler's (scale, growth tracker) device tensors; None before its first ``scale()``."""
+    return scaler._scale, scaler._growth_tracker
+
+
+def adopt_scaler_tensors(scaler: torch.amp.GradScaler, scale: torch.Tensor, tracker: torch.Tensor) -> None:
+    """Make the scaler use ``scale`` (float32, one element) and ``tracker`` (int32, one element) as its
+    state: torch then updates them in place (``_amp_update_scale_``)."""
+    scaler._scale = scale
+    scaler._growth_tracker = tracker
+
+
+def scaler_init_values(scaler: torch.amp.GradScaler) -> tuple[float, int]:
+    """(initial scale, initial growth tracker) that the scaler would start from."""
+    return float(scaler._init_scale), int(scaler._init_growth_tracker)
+
+
+def clamp_scale_(scaler: torch.amp.GradScaler, floor: float) -> None:
+    """Keep the scale at or above ``floor`` (on the device; no-op before the first ``scale()``)."""
+    if scaler._scale is not None:
+        scaler._scale.clamp_(min=floor)
+
+
+def found_inf_flags(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The found-inf flags ``unscale_(optimizer)`` recorded (one float32 tensor per device)."""
+    return list(scaler._found_inf_per_device(optimizer).values())
+
+
+def forget_unscale(scaler: torch.amp.GradScaler) -> None:
+    """Drop every per-optimizer record (an ``unscale_`` that must not count, e.g. a failed capture)."""
+    scaler._per_optimizer_states.clear()
+
+
+# ---------------------------------------------------------------------- fused optimizers
+def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """True when ``optimizer.step()`` takes the found-inf flag on the device (torch's fused kernels)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(
+        optimizer.defaults.get("fused", False))
+
+
+def fused_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+    """Step a fused optimizer whose gradients are already unscaled: the kernel skips the update, and rolls
+    back its step count, on the device where ``found_inf`` is 1."""
+    optimizer.grad_scale = None  # type: ignore[attr-defined]
+    optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale  # type: ignore[attr-defined]
+        del optimizer.found_inf  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------- norms
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global 2-norm of ``grads`` without changing them. DTensor (FSDP2) shards are reduced over ranks
+    (the result is then a DTensor: take ``full_tensor()``)."""
+    dev = grads[0].device
+    if hasattr(grads[0], "full_tensor"):
+        if HAS_GET_TOTAL_NORM:
+            return torch.nn.utils.get_total_norm(grads)
+        # torch 2.5: what get_total_norm does, one gradient at a time (DTensor norms stack and reduce).
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    norms = torch._foreach_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))

@@ -1,0 +1,49 @@
+"""``hard-coded-device``: a ``torch.amp`` call whose device is a vendor literal (``"cuda"``) where
+no device variable is visible, so the code runs on that vendor only.
+
+The reminder that the deprecated-API rewrite gives (``torch.cuda.amp.autocast()`` became
+``torch.amp.autocast("cuda")``) stays after ``--fix``: this rule finds the rewritten call. Only
+under ``--target agnostic``: ``--target musa|cuda`` asks for one vendor on purpose. Code in a
+version/feature fallback is left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampkit.migrate._cst import kwarg, string_value
+from ampkit.migrate.device_resolve import ACCELERATORS, device_type_of
+from ampkit.migrate.rules.base import Rule
+
+__all__ = ["HardCodedDeviceRule"]
+
+_NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", "torch.amp.GradScaler",
+            "torch.amp.grad_scaler.GradScaler", "torch.amp.custom_fwd", "torch.amp.custom_bwd",
+            "torch.amp.autocast_mode.custom_fwd", "torch.amp.autocast_mode.custom_bwd"}
+
+
+class HardCodedDeviceRule(Rule):
+    codes = ("hard-coded-device",)
+    tokens = (("autocast", "GradScaler", "custom_fwd", "custom_bwd"), ("cuda", "musa"))
+
+    @classmethod
+    def applies(cls, ctx) -> bool:
+        return ctx.target == "agnostic"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not _NEW_API.intersection(self.ctx.qnames(node.func)):
+            return
+        arg = kwarg(node, "device_type") or kwarg(node, "device")
+        if arg is None and node.args and node.args[0].keyword is None and not node.args[0].star:
+            arg = node.args[0]
+        vendor = device_type_of(string_value(arg.value)) if arg is not None else None
+        if vendor not in ACCELERATORS or self.ctx.in_fallback(node):
+            return
+        if self.ctx.devices.visible(node, vendor) is not None:
+            return  # the file has a device variable here; using the literal is a choice, not a gap
+        example = node.with_changes(args=[a.with_changes(value=cst.Name("device_type")) if a is arg else a
+                                          for a in node.args])
+        self.report(node, "hard-coded-device",
+                    f'the device is hard-coded to "{vendor}" and no device_type/device variable is visible '
+                    f"here, so this runs on {vendor} only. Pass the device in.",
+                    f'{self.ctx.code(example)}  # device_type: "cuda", "musa" or "cpu", passed in')

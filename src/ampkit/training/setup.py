@@ -1,0 +1,138 @@
+"""Everything a run is made of, built once from its :class:`~ampkit.trainer.TrainConfig`: device and
+process group, precision, task, model (wrapped for DDP/FSDP2), optimizer, LR scheduler, engine,
+checkpoints and callbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from ampkit.checkpoint import prepare_folder
+from ampkit.checkpoint_dcp import RunCheckpoints
+from ampkit.device import Device
+from ampkit.distributed import DistContext, shard_batch, unwrap, wrap_model
+from ampkit.engine import MixedPrecision
+from ampkit.errors import UsageError
+from ampkit.policy import Precision, resolve_precision
+from ampkit.tasks import Task, load_task
+from ampkit.training.callbacks import load_callbacks
+
+if TYPE_CHECKING:
+    from ampkit.trainer import TrainConfig
+
+__all__ = ["Run", "build_run", "make_optimizer"]
+
+
+@dataclass
+class Run:
+    """The live objects of one run on this process."""
+
+    config: "TrainConfig"
+    ctx: DistContext | None
+    device: Device
+    precision: Precision
+    task: Task
+    total: int
+    strategy: str | None
+    model: nn.Module  # what trains (DDP/FSDP2-wrapped under torchrun)
+    raw_model: nn.Module  # the user's module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any | None
+    amp: MixedPrecision
+    ckpts: RunCheckpoints | None
+    out: Path | None
+    batch: Callable[[int], Any]  # this rank's share of micro-step i's batch, on the CPU
+    callbacks: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def main(self) -> bool:
+        return self.ctx is None or self.ctx.is_main
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank if self.ctx else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size if self.ctx else 1
+
+
+def make_optimizer(model: nn.Module, task: Task, device: Device, *, lr: float | None = None,
+                   fused: bool | None = None) -> torch.optim.Optimizer:
+    """The task's own optimizer (``task.make_optimizer``), else AdamW, fused where the device supports it
+    (the engine then skips non-finite steps on the device)."""
+    if task.make_optimizer is not None:
+        opt = task.make_optimizer(model)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise UsageError(f"task {task.name}: make_optimizer returned {type(opt).__name__}, not a torch optimizer")
+        if lr is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr
+        return opt
+    use_fused = device.supports_fused_optimizer() if fused is None else fused
+    kwargs: dict[str, Any] = {"fused": True} if use_fused else {"foreach": True}
+    return torch.optim.AdamW(model.parameters(), lr=lr or task.lr, weight_decay=task.weight_decay, **kwargs)
+
+
+def _strategy(config: "TrainConfig", ctx: DistContext | None, notes: list[str]) -> str | None:
+    strategy = config.strategy
+    if ctx is not None and strategy is None and ctx.world_size > 1:
+        strategy = "ddp"
+        notes.append(f"{ctx.world_size} processes and no --strategy: using ddp")
+    if ctx is None and strategy is not None:
+        notes.append(f"--strategy {strategy} without torchrun: one process"
+                     + (", checkpoints in the sharded (dcp) format" if strategy == "fsdp" else ""))
+    return strategy
+
+
+def _batch_fn(task: Task, ctx: DistContext | None) -> Callable[[int], Any]:
+    if ctx is None or ctx.world_size == 1:
+        return task.batch
+    rank, world = ctx.rank, ctx.world_size
+
+    def batch(i: int) -> Any:  # this rank's rows of the global batch
+        return shard_batch(task.batch(i), rank, world)
+
+    return batch
+
+
+def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *, task: Task | None,
+              precision: Precision | None) -> Run:
+    if ctx is not None:
+        device = ctx.device
+        if precision is not None and precision.device != device:
+            precision = dataclasses.replace(precision, device=device)
+    out = Path(config.out) if config.out else None
+    if (ctx is None or ctx.is_main) and out is not None:
+        prepare_folder(out)
+    if ctx is not None:
+        ctx.barrier()  # rank 0 made --out
+    precision = precision or resolve_precision(config.precision, device, tf32=config.tf32)
+    device.manual_seed(config.seed)
+    task = task or load_task(config.task, seed=config.seed, options=config.task_options)
+    callbacks = load_callbacks(config.callbacks)
+    total = config.steps or task.default_steps
+    notes: list[str] = []
+    strategy = _strategy(config, ctx, notes)
+    model = task.model.to(device.torch_device)
+    if ctx is not None and strategy is not None:
+        model = wrap_model(model, strategy, precision, device, shard_fn=task.extra.get("shard"))
+    optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused)
+    scheduler = task.make_scheduler(optimizer, total) if task.make_scheduler is not None else None
+    amp = MixedPrecision(precision, max_grad_norm=config.max_grad_norm,
+                         accumulation_steps=config.accumulation_steps,
+                         max_consecutive_skips=config.max_consecutive_skips,
+                         agree=ctx.agree if ctx is not None else None,
+                         **({"init_scale": config.init_scale} if config.init_scale is not None else {}))
+    ckpts = None
+    if out is not None:
+        ckpts = RunCheckpoints(out / "checkpoints", keep=config.keep, ctx=ctx, sharded=strategy == "fsdp")
+    return Run(config=config, ctx=ctx, device=device, precision=precision, task=task, total=total,
+               strategy=strategy, model=model, raw_model=unwrap(model), optimizer=optimizer, scheduler=scheduler,
+               amp=amp, ckpts=ckpts, out=out, batch=_batch_fn(task, ctx), callbacks=callbacks, notes=notes)
