@@ -248,6 +248,10 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
 
     Raises :class:`~ampkit.errors.UsageError` when ``precision`` is (or resolves to) FP32: there is
     nothing to compare against.
+
+    >>> result = ampkit.compare("digits", precision="bf16", seeds=2, steps=20, log_every=5)   # doctest: +SKIP
+    >>> result.verdict, result.reasons                                                     # doctest: +SKIP
+    ('pass', ())
     """
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
