@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import io
 import os
 import pickle
 import random
@@ -203,13 +205,27 @@ _SEQUENCES = (list, tuple, set)
 _MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
 
 
+@functools.cache
+def _weights_only_loads(kind: type) -> bool:
+    """Whether this torch's ``weights_only=True`` loader rebuilds ``kind`` (complex numbers and sets came in
+    later releases than torch 2.5): asked of torch itself once, with a tiny value."""
+    sample = {complex: 1j, set: {1}}[kind]
+    buf = io.BytesIO()
+    torch.save(sample, buf)
+    buf.seek(0)
+    try:
+        return torch.load(buf, weights_only=True) == sample
+    except Exception:  # noqa: BLE001 - the unpickler's refusal type differs between releases
+        return False
+
+
 def check_loadable(value: Any, where: str) -> None:
     """Raise a one-line :class:`CheckpointError` naming the first key of ``value`` that
     ``torch.load(weights_only=True)`` would refuse (an object, a function, a numpy array, ...)."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _PLAIN and (kind is not complex or _weights_only_loads(complex)):
         return
-    if kind in _SEQUENCES:
+    if kind in _SEQUENCES and (kind is not set or _weights_only_loads(set)):
         for i, item in enumerate(value):
             check_loadable(item, f"{where}[{i}]" if kind is not set else f"{where} item {_fmt(item)}")
         return

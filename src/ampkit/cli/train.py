@@ -47,6 +47,9 @@ def register(sub, formatter_class):
     p.add_argument("--init-scale", type=float, default=None, metavar="X",
                    help="FP16: the loss scaler's initial scale (default 65536; `ampkit diagnose --fp16-range` "
                         "recommends one)")
+    p.add_argument("--fp32-modules", default=None, metavar="SPEC[,SPEC]",
+                   help="keep these modules in FP32 under autocast: names, globs (*.norm) or presets "
+                        "(preset:norm, preset:attention, preset:loss)")
     p.add_argument("--callback", action="append", default=[], metavar="FILE.py:factory",
                    help="call factory() for an ampkit.Callback run before/after each step, repeatable "
                         "(module:factory works too)")
@@ -131,6 +134,7 @@ def run(args) -> int:
         resume=args.resume, max_grad_norm=args.max_grad_norm or None, accumulation_steps=args.accumulation_steps,
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
         tensorboard=args.tensorboard, strategy=args.strategy, init_scale=args.init_scale,
+        fp32_modules=args.fp32_modules,
         callbacks=tuple(args.callback), stop_signal=args.stop_signal, stop_check_every=args.stop_check_every,
     )
     config.validate()

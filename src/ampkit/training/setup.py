@@ -19,6 +19,7 @@ from ampkit.distributed import DistContext, shard_batch, unwrap, wrap_model
 from ampkit.engine import MixedPrecision
 from ampkit.errors import UsageError
 from ampkit.policy import Precision, resolve_precision
+from ampkit.regions import FP32Regions, apply_fp32_regions
 from ampkit.tasks import Task, load_task
 from ampkit.training.callbacks import load_callbacks
 
@@ -48,6 +49,7 @@ class Run:
     out: Path | None
     batch: Callable[[int], Any]  # this rank's share of micro-step i's batch, on the CPU
     callbacks: list[Any] = field(default_factory=list)
+    regions: FP32Regions | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -121,18 +123,21 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
     notes: list[str] = []
     strategy = _strategy(config, ctx, notes)
     model = task.model.to(device.torch_device)
+    if config.fp32_modules and ctx is not None and strategy == "fsdp" and precision.is_low_precision:
+        raise UsageError("--fp32-modules with --strategy fsdp is not supported yet (FSDP2 gathers every weight in "
+                         f"{precision.name}, so an FP32 region would meet low-precision weights): use --strategy ddp")
     if ctx is not None and strategy is not None:
         model = wrap_model(model, strategy, precision, device, shard_fn=task.extra.get("shard"))
+    regions = None
+    if config.fp32_modules:
+        regions = apply_fp32_regions(unwrap(model), config.fp32_modules, device_type=device.type)
+        notes.append(f"FP32 regions: {', '.join(regions.names)}")
     optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused)
     scheduler = task.make_scheduler(optimizer, total) if task.make_scheduler is not None else None
-    amp = MixedPrecision(precision, max_grad_norm=config.max_grad_norm,
-                         accumulation_steps=config.accumulation_steps,
-                         max_consecutive_skips=config.max_consecutive_skips,
-                         agree=ctx.agree if ctx is not None else None,
-                         **({"init_scale": config.init_scale} if config.init_scale is not None else {}))
+    amp = MixedPrecision(precision, config=config.amp_config(), agree=ctx.agree if ctx is not None else None)
     ckpts = None
     if out is not None:
         ckpts = RunCheckpoints(out / "checkpoints", keep=config.keep, ctx=ctx, sharded=strategy == "fsdp")
     return Run(config=config, ctx=ctx, device=device, precision=precision, task=task, total=total,
                strategy=strategy, model=model, raw_model=unwrap(model), optimizer=optimizer, scheduler=scheduler,
-               amp=amp, ckpts=ckpts, out=out, batch=_batch_fn(task, ctx), callbacks=callbacks, notes=notes)
+               amp=amp, ckpts=ckpts, out=out, batch=_batch_fn(task, ctx), callbacks=callbacks, regions=regions, notes=notes)
