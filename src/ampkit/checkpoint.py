@@ -287,6 +287,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     Refused with one :class:`CheckpointError` line, before anything is written: a value that
     ``torch.load(weights_only=True)`` would refuse (naming its key), and a save in the middle of an
     accumulation window.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> path = ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=None, step=7)
+    >>> path.name
+    'ckpt.pt'
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
@@ -316,7 +321,13 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`,
-    and a plain ``torch.save`` file gets a message that says how to use it."""
+    and a plain ``torch.save`` file gets a message that says how to use it.
+
+    >>> _ = ampkit.save_checkpoint("ckpt.pt", model=torch.nn.Linear(2, 2), optimizer=None, step=7)
+    >>> state = ampkit.load_checkpoint("ckpt.pt")
+    >>> state["format"], state["step"], sorted(state["model"])
+    ('ampkit-checkpoint', 7, ['bias', 'weight'])
+    """
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
