@@ -3,7 +3,6 @@ is tested with every rounds file in tests/docs/test_benchmarks_md.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
