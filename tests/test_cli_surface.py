@@ -11,12 +11,13 @@ CONTRACT = {
     "doctor": ["--precision", "--json"],
     "train": ["--task", "--precision", "--steps", "--seed", "--out", "--ckpt-every", "--resume", "--log-every",
               "--strategy", "--nproc", "--max-restarts", "--init-scale", "--callback", "--stop-signal",
-              "--stop-check-every"],
-    "compare": ["--task", "--precision", "--seeds", "--steps", "--out"],
-    "audit": ["--task", "--precision", "--json"],
+              "--stop-check-every", "--no-graph", "--fp32-modules"],
+    "compare": ["--task", "--precision", "--seeds", "--steps", "--out", "--fp32-modules", "--explain",
+                "--explain-budget", "--no-graph"],
+    "audit": ["--task", "--precision", "--json", "--fp32-modules"],
     "diagnose": ["--steps", "--json"],
     "migrate": ["--fix", "--target", "--select", "--json", "--jobs"],
-    "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json"],
+    "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json", "--rounds"],
 }
 
 
@@ -38,7 +39,7 @@ def test_precision_choices():
     sub = _subparsers()
     for command in ("doctor", "train", "compare", "audit"):
         action = next(a for a in sub[command]._actions if "--precision" in a.option_strings)
-        assert tuple(action.choices) == ("auto", "bf16", "fp16", "fp32")
+        assert tuple(action.choices) == ("auto", "bf16", "fp16", "fp32", "fp8")
 
 
 def test_help_does_not_import_torch():

@@ -163,7 +163,7 @@ def test_resume_into_a_scheduler_from_a_checkpoint_without_one_says_so(tmp_path)
     task = ampkit.load_task(TOY)  # the default optimizer, now with a schedule
     task.make_scheduler = lambda opt, total: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     r = train(TrainConfig(task=TOY, precision="fp32", steps=3, out=str(out), resume=True, evaluate=False), task=task)
-    assert any("no LR scheduler state" in n for n in r.notes), r.notes
+    assert any("no scheduler state" in n for n in r.notes), r.notes
 
 
 def test_make_optimizer_must_return_an_optimizer():
@@ -210,6 +210,24 @@ def test_shard_batch_keeps_the_batch_structure():
     assert part["labels"][1] == "keep"
 
 
+# ---------------------------------------------------------------- --fp32-modules
+class _OutputDtype(ampkit.Callback):
+    def on_start(self, state):
+        with state.amp.autocast():
+            self.dtypes = [m(torch.randn(4, 10)).dtype for m in (state.model, state.model[0])]
+
+
+@pytest.mark.parametrize("spec,want", [(None, torch.bfloat16), ("3", torch.float32)])
+def test_fp32_modules_run_in_fp32_for_the_run_only(spec, want):
+    task = ampkit.load_task(TOY)
+    probe = _OutputDtype()
+    r = train(TrainConfig(task=TOY, precision="bf16", steps=1, evaluate=False, fp32_modules=spec,
+                          callbacks=(probe,)), task=task)
+    assert probe.dtypes == [want, torch.bfloat16]  # the model's output (module 3), and module 0 untouched
+    assert any(n == "FP32 regions: 3" for n in r.notes) == (spec is not None)
+    assert not task.model[3]._forward_pre_hooks  # removed when the run ends
+
+
 # ---------------------------------------------------------------- --init-scale
 def test_init_scale_reaches_the_engine():
     r = train(TrainConfig(task=TOY, precision="fp16", steps=2, log_every=1, evaluate=False, init_scale=1024.0))
@@ -223,6 +241,8 @@ def test_init_scale_reaches_the_engine():
     (["--stop-check-every", "0"], "--stop-check-every must be >= 1"),
     (["--callback", "nosuch.py:make"], "callback file 'nosuch.py' does not exist"),
     (["--callback", "nocolon"], "bad callback 'nocolon'"),
+    (["--fp32-modules", "a..b"], "fp32_modules: not a dotted module name"),
+    (["--fp32-modules", "nosuch"], "nosuch"),
 ])
 def test_bad_flags_one_line(argv, needle, capsys):
     from ampkit.cli import main
@@ -230,3 +250,38 @@ def test_bad_flags_one_line(argv, needle, capsys):
     assert main(["train", "--task", TOY, "--steps", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+# ---------------------------------------------------------------- the scale monitor
+def test_scale_monitor_warns_once_with_the_advice_it_was_given():
+    from ampkit.monitor import ScaleMonitor
+
+    m = ScaleMonitor(window=10, max_backoffs=2, floor=1.0, advice="use --precision bf16 (x)")
+    assert m.update(5, 1024.0, 2) is None  # 2 backoffs: not more than 2
+    w = m.update(6, 512.0, 3)
+    assert w.code == "scale-collapse" and "backed off 3 times" in w.message
+    assert w.fix.startswith("use --precision bf16 (x); or keep") and "--fp32-modules" in w.fix
+    assert m.update(7, 0.5, 9) is None  # once per run
+    assert ScaleMonitor(floor=1.0).update(1, 1.0, 0).fix.startswith("lower the learning rate")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_skipped_step_does_not_advance_the_trainers_schedule(precision):
+    # The loop hands its scheduler to the engine: a step skipped for a non-finite gradient leaves the
+    # learning rate where it was (here: an inf planted before step 3 of 6).
+    class PlantInf(ampkit.Callback):
+        def before_step(self, state):
+            if state.step == 2:
+                next(state.model.parameters()).grad.fill_(float("inf"))
+
+        def on_end(self, state):
+            state.amp.sync_schedulers()
+            self.last_epoch = state.scheduler.last_epoch
+            self.skipped = state.amp.stats()["skipped"]
+
+    watch = PlantInf()
+    task = ampkit.load_task(TOY)
+    task.make_scheduler = lambda opt, total: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    train(TrainConfig(task=TOY, precision=precision, steps=6, evaluate=False, callbacks=(watch,)), task=task)
+    assert watch.skipped == 1
+    assert watch.last_epoch == 5  # 6 optimizer steps, 5 applied

@@ -50,7 +50,7 @@ class RunCheckpoints:
     ``sharded=False``: ampkit's ``step-XXXXXXXX.pt`` files, written by rank 0 only.
     ``sharded=True``: ``step-XXXXXXXX.dcp/`` folders. Resuming reads the newest complete checkpoint of
     either kind (a ``.pt`` file cannot feed a model that FSDP2 has sharded; it is skipped with a note).
-    ``scheduler`` (save and restore): the LR scheduler's state travels in the checkpoint's ``extra``.
+    ``scheduler`` (save and restore): the LR scheduler's state travels under the checkpoint's ``scheduler`` key.
     """
 
     def __init__(self, folder: str | os.PathLike, *, keep: int = 3, ctx: DistContext | None = None,
@@ -93,19 +93,17 @@ class RunCheckpoints:
              scheduler: Any | None = None, extra: dict[str, Any] | None = None) -> Path:
         """Write the checkpoint of ``step`` (every rank calls this; it returns when the checkpoint is complete)."""
         extra = dict(extra or {})
-        if scheduler is not None:
-            extra["scheduler"] = scheduler.state_dict()
         if not self.sharded:
             path = self.files.path_for(step)
             if self._main:
                 path = self.files.save(step=step, model=unwrap(model), optimizer=optimizer, amp=amp, device=device,
-                                       extra=extra)
+                                       scheduler=scheduler, extra=extra)
             self._barrier()
             return path
-        return self._save_dcp(step, model, optimizer, amp, device, extra)
+        return self._save_dcp(step, model, optimizer, amp, device, scheduler, extra)
 
     def _save_dcp(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, amp: Any, device: Device,
-                  extra: dict[str, Any]) -> Path:
+                  scheduler: Any | None, extra: dict[str, Any]) -> Path:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -122,9 +120,11 @@ class RunCheckpoints:
         except Exception as exc:  # noqa: BLE001 - dcp wraps OSErrors of any rank in its own type
             raise CheckpointError(f"cannot write checkpoint {final}: {first_line(exc, 200)}") from exc
         if self._main:
-            state = {"format": FORMAT, "version": 1, "step": int(step), "kind": "dcp",
-                     "amp": amp.state_dict() if amp is not None else None, "rng": rng_state(device),
-                     "extra": extra, "world_size": self._world}
+            # The engine's state first: it brings device-driven schedulers to their true position.
+            amp_state = amp.state_dict() if amp is not None else None
+            state = {"format": FORMAT, "version": 1, "step": int(step), "kind": "dcp", "amp": amp_state,
+                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                     "rng": rng_state(device), "extra": extra, "world_size": self._world}
             atomic_write_bytes(tmp / "ampkit.pt", lambda fh: torch.save(state, fh))
             if final.exists():
                 shutil.rmtree(final)
@@ -150,24 +150,25 @@ class RunCheckpoints:
                 notes.append(f"skipped {path.name}: a one-file checkpoint cannot feed a sharded (fsdp) model")
                 continue
             try:
-                state = self._load(path, model, optimizer, amp, device, notes)
+                state = self._load(path, model, optimizer, amp, device, scheduler, notes)
             except CheckpointError as exc:
                 notes.append(f"skipped unreadable checkpoint: {exc}")
                 continue
-            notes += _restore_scheduler(state, scheduler)
             return int(state["step"]), path, notes
         return 0, None, notes
 
     def _load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, amp: Any, device: Device,
-              notes: list[str]) -> dict[str, Any]:
+              scheduler: Any | None, notes: list[str]) -> dict[str, Any]:
         if path.suffix == ".pt":
             state = load_checkpoint(path, map_location=device.torch_device)
-            notes += restore(state, model=unwrap(model), optimizer=optimizer, amp=amp, device=device).notes
+            notes += restore(state, model=unwrap(model), optimizer=optimizer, amp=amp, scheduler=scheduler,
+                             device=device).notes
             return state
         meta = load_checkpoint(path / "ampkit.pt", map_location=device.torch_device)
         if meta.get("kind") != "dcp":
             raise CheckpointError(f"{path / 'ampkit.pt'} is not the metadata of a sharded checkpoint")
         _load_dcp(path, model, optimizer)
+        notes += _restore_scheduler(meta, scheduler)
         notes += restore_engine(meta, amp=amp, device=device)
         saved_world = meta.get("world_size", 1)
         if saved_world != self._world:
@@ -176,7 +177,7 @@ class RunCheckpoints:
 
 
 def _restore_scheduler(state: dict[str, Any], scheduler: Any | None) -> list[str]:
-    saved = (state.get("extra") or {}).get("scheduler")
+    saved = state.get("scheduler")
     if scheduler is None:
         return []
     if saved is None:

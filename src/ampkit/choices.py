@@ -1,8 +1,9 @@
 """Names the CLI needs before torch is imported (``ampkit migrate --help`` should not load torch)."""
 
-PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32")
+PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32", "fp8")
 # Other spellings people use, in any case: the CLI and the Python API accept the same ones.
-PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+                     "float8": "fp8"}
 
 
 def precision_name(value: str) -> str:

@@ -79,6 +79,10 @@ class Device:
     """One compute device. Cheap, hashable, and safe to pass around.
 
     ``type`` is one of :data:`DEVICE_TYPES`; ``index`` is None for the CPU.
+
+    >>> dev = ampkit.Device("cpu")
+    >>> dev.torch_device, dev.is_accelerator, dev.collective_backend
+    (device(type='cpu'), False, 'gloo')
     """
 
     type: str
@@ -418,6 +422,12 @@ def detect_device(spec: str | None = None) -> Device:
     ``spec`` (e.g. from ``--device``) wins, then ``$AMPKIT_DEVICE``, then the first available of
     musa, cuda, xpu, mps, cpu. An explicit device that is not available is an error, not a
     silent fall back to the CPU.
+
+    >>> ampkit.detect_device("cpu")
+    Device(type='cpu', index=None)
+    >>> ampkit.detect_device("cuda:7")        # doctest: +SKIP
+    Traceback (most recent call last):
+    ampkit.errors.DeviceError: ...
     """
     spec = spec or os.environ.get(ENV_VAR) or None
     if spec:

@@ -21,12 +21,12 @@ def _support(s: Any) -> dict[str, Any]:
 
 
 def doctor_report(device: Device | None = None, *, precision: str | None = None, probe: bool = True) -> dict[str, Any]:
-    """Everything ``ampkit doctor`` shows, as a JSON-ready dict (stable keys; see README).
+    """Everything ``ampkit doctor`` shows, as a JSON-ready dict (stable keys: docs/reference/schemas.md, "doctor --json").
 
     With ``precision``, ``report["check"]`` says whether it is usable here and why not.
     """
     device = device or detect_device()
-    caps: Capabilities = capabilities(device, probe=probe)
+    caps: Capabilities = capabilities(device, probe=probe, fp8_probe=probe)
     recommended = resolve_precision("auto", device, caps=caps)
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,

@@ -24,13 +24,24 @@ def first_line(exc: BaseException, limit: int | None = None) -> str:
 
 
 class AmpkitError(Exception):
-    """Base class: the message is what a person reads; ``exit_code`` is what the CLI returns."""
+    """Base class: the message is what a person reads; ``exit_code`` is what the CLI returns.
+
+    >>> issubclass(ampkit.TrainingHalted, ampkit.AmpkitError), ampkit.AmpkitError("x").exit_code
+    (True, 1)
+    """
 
     exit_code = 1
 
 
 class UsageError(AmpkitError, ValueError):
-    """Bad input from the user (a flag value, a path, a task name)."""
+    """Bad input from the user (a flag value, a path, a task name).
+
+    >>> ampkit.load_task("no-such-task")
+    Traceback (most recent call last):
+    ampkit.errors.UsageError: ...
+    >>> ampkit.UsageError("x").exit_code
+    2
+    """
 
     exit_code = 2
 
@@ -40,14 +51,34 @@ class DeviceError(UsageError):
 
 
 class PrecisionUnsupported(AmpkitError, ValueError):
-    """An explicit precision request the device cannot honour. The message names the card and the fix."""
+    """An explicit precision request the device cannot honour. The message names the card and the fix.
+
+    >>> try:                                             # doctest: +SKIP
+    ...     ampkit.resolve_precision("bf16")             # on an MTT S80, which has FP16 only
+    ... except ampkit.PrecisionUnsupported as exc:
+    ...     print(exc)
+    MTT S80 (QY1, capability 2.1) supports FP16 only: use --precision fp16 ...
+    """
 
     exit_code = 1
 
 
 class CheckpointError(AmpkitError):
-    """A checkpoint cannot be written or read safely."""
+    """A checkpoint cannot be written or read safely.
+
+    >>> ampkit.load_checkpoint("missing.pt")
+    Traceback (most recent call last):
+    ampkit.errors.CheckpointError: checkpoint missing.pt does not exist
+    """
 
 
 class TrainingHalted(AmpkitError, RuntimeError):
-    """Training stopped on purpose (e.g. too many consecutive non-finite steps)."""
+    """Training stopped on purpose (e.g. too many consecutive non-finite steps).
+
+    Raised by :meth:`ampkit.MixedPrecision.stats` after ``max_consecutive_skips`` skipped steps in a row:
+
+    >>> try:                                              # doctest: +SKIP
+    ...     stats = amp.stats()
+    ... except ampkit.TrainingHalted as exc:
+    ...     print(exc)        # 50 optimizer steps in a row had non-finite gradients ... ampkit diagnose SCRIPT
+    """

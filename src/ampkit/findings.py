@@ -49,6 +49,15 @@ _ALL: tuple[CodeInfo, ...] = (
        "fp32_modules=[\"MODULE\"])`, or by hand `with torch.autocast(device_type, enabled=False): "
        "y = module(x.float())`), rescale its inputs or weights, or use BF16 where the card has it; "
        "`ampkit diagnose --fp16-range SCRIPT` predicts which modules overflow FP16"),
+    _c("overflow-absorbed", (DIAGNOSE,),
+       "an op overflowed inside a module whose output stayed finite",
+       "an intermediate op produced inf/NaN in FP16/BF16 and a later op turned it back into finite "
+       "numbers (`x / inf` = 0, `exp(-inf)` = 0, a masked max): the loss stays finite, the GradScaler "
+       "never skips, and the run is silently wrong",
+       "keep the named module in FP32 (`ampkit train --fp32-modules MODULE`, `MixedPrecision(..., "
+       "fp32_modules=[\"MODULE\"])`), or rewrite the op so it cannot overflow (e.g. scale before squaring, "
+       "`torch.linalg.vector_norm`, `F.normalize`); with FP16 start the GradScaler at the scale "
+       "`ampkit diagnose --fp16-range SCRIPT` recommends (`ampkit train --init-scale X`)"),
     _c("nonfinite-backward", (DIAGNOSE,),
        "a gradient became inf/NaN",
        "a backward op overflowed or hit a singular point (sqrt or log at 0, division by 0); the optimizer "
@@ -141,6 +150,11 @@ _ALL: tuple[CodeInfo, ...] = (
        "the script raised",
        "the script stopped with an exception that is not a known AMP defect; diagnose saw the steps before it",
        "fix the error shown (the script's own traceback is printed above the findings)"),
+    _c("script-exit", (DIAGNOSE,),
+       "the script exited with a non-zero status",
+       "the script called `sys.exit(N)` (or `exit(N)`) itself; diagnose saw the steps before it",
+       "see the script's own output for why it stopped; pass the arguments it needs after SCRIPT "
+       "(`ampkit diagnose SCRIPT ARGS...`)"),
 )
 
 REGISTRY: dict[str, CodeInfo] = {c.code: c for c in _ALL}

@@ -27,6 +27,7 @@ __all__ = [
     "ProbeResult",
     "card_facts",
     "probe_dtype",
+    "probe_fp8",
     "capabilities",
     "LOW_DTYPES",
 ]
@@ -61,7 +62,12 @@ class CardFacts:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the device supports, per feature, each with provenance."""
+    """What the device supports, per feature, each with provenance.
+
+    >>> caps = ampkit.capabilities(ampkit.Device("cpu"), probe=False)
+    >>> caps.dtypes["fp32"].supported, caps.dtypes["fp32"].provenance
+    (True, 'table')
+    """
 
     device: Device
     name: str
@@ -198,6 +204,57 @@ def probe_dtype(device: Device, dtype: torch.dtype, *, rtol: float = 5e-2) -> Pr
     return ProbeResult(True, f"pass (max relative error {err:.2g})", err)
 
 
+def probe_fp8(device: Device, *, rtol: float = 0.1) -> ProbeResult:
+    """FP8 training probe: a tiny torchao ``Float8Linear`` (tensorwise) forward and backward under BF16
+    autocast, checked against the same layer in BF16 (output and weight gradient).
+
+    ``errored=True`` when it cannot run (torchao missing, no FP8 kernel on this device).
+    """
+    from ampkit import fp8 as fp8_mod
+
+    missing = fp8_mod.torchao_missing()
+    if missing:
+        return ProbeResult(False, f"error: not run: {missing}", errored=True)
+    try:
+        import copy
+
+        float8 = fp8_mod.require_torchao()
+        dev = device.torch_device
+        gen = torch.Generator().manual_seed(0)
+        x_cpu = torch.randn(64, 64, generator=gen)
+        ref_layer = torch.nn.Linear(64, 64, bias=False)
+        with torch.no_grad():
+            ref_layer.weight.copy_(torch.randn(64, 64, generator=gen) / 8)
+        ref_layer = ref_layer.to(dev)
+        fp8_layer = float8.convert_to_float8_training(
+            torch.nn.Sequential(copy.deepcopy(ref_layer)),
+            config=float8.Float8LinearConfig.from_recipe_name("tensorwise"))
+
+        def run(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                out = model(x_cpu.to(dev))
+            out.float().square().mean().backward()
+            weight = next(model.parameters())
+            return out.float().detach().cpu(), weight.grad.detach().float().cpu()
+
+        kind = type(fp8_layer[0]).__name__
+        out_8, grad_8 = run(fp8_layer)
+        out_ref, grad_ref = run(ref_layer)
+        device.synchronize()
+    except Exception as exc:  # noqa: BLE001 - anything the device raises is the finding
+        return ProbeResult(False, f"error: {first_line(exc, 200)}", errored=True)
+    if kind != "Float8Linear":
+        return ProbeResult(False, f"fail: torchao left the layer as {kind}")
+    if not (torch.isfinite(out_8).all() and torch.isfinite(grad_8).all()):
+        return ProbeResult(False, "fail: non-finite FP8 output or gradient")
+    err_o = float((out_8 - out_ref).abs().max() / out_ref.abs().max().clamp_min(1e-12))
+    err_g = float((grad_8 - grad_ref).abs().max() / grad_ref.abs().max().clamp_min(1e-12))
+    err = max(err_o, err_g)
+    if err > rtol:
+        return ProbeResult(False, f"fail: FP8 relative error {err:.3g} against BF16 exceeds {rtol}", err)
+    return ProbeResult(True, f"pass (FP8 vs BF16 max relative error {err:.2g})", err)
+
+
 def _combine(table: bool | None, probe: ProbeResult | None, what: str) -> Support:
     if table is not None:
         if probe is None:
@@ -219,8 +276,16 @@ def _combine(table: bool | None, probe: ProbeResult | None, what: str) -> Suppor
     return Support(probe.ok, "probe", "decided by the run-time probe", probe.message)
 
 
-def capabilities(device: Device, *, probe: bool = True) -> Capabilities:
-    """The table's answer per dtype, confirmed or contradicted by a run-time probe when ``probe``."""
+def capabilities(device: Device, *, probe: bool = True, fp8_probe: bool = False) -> Capabilities:
+    """The table's answer per dtype, confirmed or contradicted by a run-time probe when ``probe``.
+
+    ``fp8_probe`` also runs :func:`probe_fp8` (needs torchao; seconds, so only ``doctor`` and an
+    explicit ``fp8`` request ask for it), except where the card table already says no FP8.
+
+    >>> caps = ampkit.capabilities(ampkit.detect_device("cpu"))   # runs the probe: what really works here
+    >>> sorted(caps.dtypes)
+    ['bf16', 'fp16', 'fp32']
+    """
     name = device.name
     cap = device.capability
     facts = card_facts(device, name, cap)
@@ -241,7 +306,7 @@ def capabilities(device: Device, *, probe: bool = True) -> Capabilities:
         arch=facts.arch,
         dtypes=dtypes,
         tf32=_combine(facts.tf32, None, "TF32"),
-        fp8=_combine(facts.fp8, None, "FP8"),
+        fp8=_combine(facts.fp8, probe_fp8(device) if fp8_probe and facts.fp8 is not False else None, "FP8"),
         collectives=_combine(facts.collectives, None, "collectives"),
         notes=tuple(notes),
     )

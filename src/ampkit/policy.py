@@ -26,13 +26,20 @@ __all__ = ["Precision", "resolve_precision", "PRECISION_CHOICES", "apply_tf32", 
 
 from ampkit.choices import PRECISION_CHOICES, precision_name  # noqa: E402  (PRECISION_CHOICES re-exported)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: BF16 autocast around torchao's FP8 linear layers (ampkit.fp8.convert); not a dtype of its own here.
+_AUTOCAST_DTYPES = {**_DTYPES, "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Precision:
-    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why."""
+    """A resolved precision: what autocast computes in, whether a loss scaler runs, and why.
 
-    name: str  # "fp32" | "bf16" | "fp16"
+    >>> p = ampkit.resolve_precision("fp32", "cpu")
+    >>> p.name, p.dtype, p.use_scaler, p.autocast_enabled
+    ('fp32', torch.float32, False, False)
+    """
+
+    name: str  # "fp32" | "bf16" | "fp16" | "fp8" (BF16 autocast + FP8 linear layers from ampkit.fp8.convert)
     dtype: torch.dtype  # autocast compute dtype (float32 for fp32: autocast disabled)
     use_scaler: bool  # true only for fp16
     tf32: bool  # TF32 for the FP32 matmuls that remain
@@ -45,7 +52,7 @@ class Precision:
 
     @property
     def is_low_precision(self) -> bool:
-        return self.name in ("bf16", "fp16")
+        return self.name in ("bf16", "fp16", "fp8")
 
     def autocast(self) -> torch.autocast:
         """``torch.autocast`` for this precision on its device (disabled for fp32)."""
@@ -130,6 +137,9 @@ def resolve_precision(
 
     >>> resolve_precision(torch.float32, "cpu").name
     'fp32'
+    >>> prec = ampkit.resolve_precision("auto", "cpu")
+    >>> prec.name in ("bf16", "fp16", "fp32"), prec.reason.startswith("auto:")
+    (True, True)
     """
     if isinstance(requested, Precision):
         return requested
@@ -140,7 +150,7 @@ def resolve_precision(
     if name == "fp32" and caps is None and not tf32:
         # Nothing to check: FP32 without TF32 runs everywhere, so no probe is paid for it.
         return _make("fp32", device, tf32=False, reason="FP32 requested: autocast and loss scaling disabled")
-    caps = caps or capabilities(device, probe=probe)
+    caps = caps or capabilities(device, probe=probe, fp8_probe=probe and name == "fp8")
     has_tf32 = bool(caps.tf32.supported)
     if tf32 and not has_tf32:
         raise PrecisionUnsupported(f"{_card_label(caps)} has no TF32: drop --tf32")
@@ -160,11 +170,32 @@ def resolve_precision(
                 return _make(cand, device, tf32=use_tf32, reason=f"auto: {label} supports {cand.upper()} ({src}): {why}")
         return _make("fp32", device, tf32=use_tf32,
                      reason=f"auto: {label} supports neither BF16 nor FP16 here: FP32")
+    if name == "fp8":
+        return _resolve_fp8(caps, device, tf32=use_tf32)
     support = caps.dtypes[name]
     if not support.supported:
         raise PrecisionUnsupported(_refusal(caps, name))
     src = support.provenance + (f", {support.detail}" if support.detail else "")
     return _make(name, device, tf32=use_tf32, reason=f"{name.upper()} requested; {_card_label(caps)} supports it ({src})")
+
+
+def _resolve_fp8(caps: Capabilities, device: Device, *, tf32: bool) -> Precision:
+    """FP8 needs FP8 matmuls and BF16 (the autocast around them) on the card, and torchao installed."""
+    if not (caps.fp8.supported and caps.dtypes["bf16"].supported):
+        ok = _supported_list(caps)
+        has = " and ".join(n.upper() for n in ok) if ok else "neither BF16 nor FP16"
+        missing = "FP8" if not caps.fp8.supported else "BF16 (the autocast FP8 training runs in)"
+        evidence = _evidence(caps.fp8 if not caps.fp8.supported else caps.dtypes["bf16"])
+        raise PrecisionUnsupported(f"{_card_label(caps)} has no FP8 training (it supports {has}; {missing}: "
+                                   f"{evidence}): use --precision {ok[0] if ok else 'fp32'}")
+    from ampkit.fp8 import torchao_missing
+
+    missing = torchao_missing()
+    if missing:
+        raise PrecisionUnsupported(missing)
+    src = caps.fp8.provenance + (f", {caps.fp8.detail}" if caps.fp8.detail else "")
+    return _make("fp8", device, tf32=tf32, reason=f"FP8 requested; {_card_label(caps)} supports it ({src}): "
+                                                  "BF16 autocast with torchao FP8 linear layers, no loss scaling")
 
 
 def _why_not(caps: Capabilities, name: str) -> str:
@@ -177,7 +208,7 @@ def _why_not(caps: Capabilities, name: str) -> str:
 def _make(name: str, device: Device, *, tf32: bool, reason: str) -> Precision:
     return Precision(
         name=name,
-        dtype=_DTYPES[name],
+        dtype=_AUTOCAST_DTYPES[name],
         use_scaler=name == "fp16",
         tf32=tf32,
         reason=reason,

@@ -28,11 +28,24 @@ PLANTED = {
     "scaler_not_ckpt": ("scaler-not-checkpointed", "scaler_not_ckpt.py:21"),
     "half_in_autocast": ("half-inside-autocast", "half_in_autocast.py:13"),
     "scaler_bf16": ("scaler-with-bf16", "scaler_bf16.py:15"),
+    "overflow_absorbed": ("overflow-absorbed", "model.1"),
+    "bce_autocast": ("bce-under-autocast", "bce_autocast.py:14"),
+    "lstm_fp16": ("dtype-unsupported", "lstm_fp16.py:11"),
+    "script_exit": ("script-exit", "script_exit.py:11"),
 }
+# Codes produced by a test elsewhere: host reads need an accelerator tensor (test_host_sync_logic_with_device_tensors),
+# the device error is raised on purpose (test_device_error_says_how_to_rerun).
+ELSEWHERE = {"host-sync-per-step", "script-error"}
 
 
 def script(name: str) -> str:
     return os.path.join(SCRIPTS, f"{name}.py")
+
+
+def test_every_diagnose_code_in_the_registry_has_a_planted_script():
+    from ampkit.findings import codes
+
+    assert {code for code, _ in PLANTED.values()} | ELSEWHERE == set(codes("diagnose"))
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
@@ -87,7 +100,7 @@ def test_script_runs_like_python_script_and_state_is_restored():
     assert result.stopped == "finished" and result.findings == ()
     assert sys.argv == argv and sys.path[0] == path0
     bad = diagnose_script(script("argv_probe"), ["other"])
-    assert bad.stopped.startswith("exit") and bad.codes() == ["script-error"]
+    assert bad.stopped == "exit 1" and bad.codes() == ["script-exit"]
 
 
 def test_instrumentation_is_removed_after_a_run():

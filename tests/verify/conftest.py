@@ -38,3 +38,15 @@ def digits_compare(tmp_path_factory):
     os.environ.pop("AMPKIT_DEVICE", None)
     out = tmp_path_factory.mktemp("digits_compare")
     return compare("digits", precision="bf16", seeds=2, steps=200, device="cpu", out=out)
+
+
+OVERFLOW_NORM = str(HERE / "overflow_norm_task.py") + ":make_task"
+
+
+@pytest.fixture(scope="session")
+def overflow_explain(tmp_path_factory):
+    """The planted absorbed FP16 overflow (HandNorm) with --explain, 2 seeds x 20 steps, report written."""
+    from ampkit.verify.compare import compare
+
+    out = tmp_path_factory.mktemp("overflow_explain")
+    return compare(OVERFLOW_NORM, precision="fp16", seeds=2, steps=20, run_audit=False, explain=True, out=out)

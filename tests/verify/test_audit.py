@@ -122,3 +122,38 @@ def test_audit_task_on_digits():
     assert r.module_category("fc1") == "low" and r.module_category("fc2") == "low"
     assert r.matmul_share == 1.0 and r.output_dtype == "bfloat16"
     assert r.op_categories("convolution_backward", phase="backward") == {"low"}
+
+
+def test_declared_fp32_regions_are_declared_not_surprises():
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    plain = ampkit.audit(model, torch.randn(4, 8), precision="bf16")
+    assert plain.surprises == () and plain.declared == () and plain.module_category("2") == "low"
+    r = ampkit.audit(model, torch.randn(4, 8), precision="bf16", fp32_modules=["2", "preset:norm"])
+    assert r.surprises == ()  # the FP32 matmul of '2' was asked for
+    declared = {d["module"]: d for d in r.declared}
+    assert set(declared) == {"1", "2"}
+    # FP32 from the BF16 values of '0' before it: "promoted" (FP32 compute of low-precision-derived data)
+    assert declared["2"]["ran_in"] == "promoted" and declared["2"]["matmul_flops"] > 0
+    assert "declared FP32 region" in declared["2"]["message"]
+    assert r.module_category("2") == "promoted" and r.module_category("0") == "low"
+    assert r.summary()["declared"][0]["module"] == "1"
+    # the regions' hooks are gone afterwards: the next pass is low precision again
+    assert ampkit.audit(model, torch.randn(4, 8), precision="bf16").module_category("2") == "low"
+
+
+def test_fp32_inside_an_undeclared_module_is_still_a_surprise():
+    r = ampkit.audit(_Surprising(), torch.randn(4, 8), precision="bf16", fp32_modules=["ok"])
+    assert {s.module for s in r.surprises} == {"disabled", "wide"}  # only 'ok' was declared
+    assert [d["module"] for d in r.declared] == ["ok"] and r.declared[0]["ran_in"] == "fp32"
+
+
+def test_audit_cli_fp32_modules(capsys):
+    from ampkit.cli import main
+    from conftest import TOY
+
+    assert main(["audit", "--task", TOY, "--precision", "bf16", "--fp32-modules", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "'3' is a declared FP32 region" in text and "surprise " not in text and "no surprises" in text
+    assert main(["audit", "--task", TOY, "--precision", "bf16", "--fp32-modules", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "matches no module" in err and len(err.strip().splitlines()) == 1

@@ -11,7 +11,7 @@ import torch
 
 import ampkit
 from ampkit.errors import UsageError
-from ampkit.verify import compare as cmp
+from ampkit.verify import band as cmp
 from conftest import TOY  # noqa: F401  (tests/verify/conftest.py)
 
 
@@ -33,39 +33,39 @@ def test_band_uses_range_estimator_and_relative_floor():
 
 def test_curve_inside_band_passes_and_last_point_blip_is_ignored():
     b = cmp.band(_curves({0: [2.0, 1.0, 0.5, 0.3, 0.2], 1: [2.1, 1.1, 0.55, 0.32, 0.22]}))
-    assert cmp._judge_curve(0, _curves({0: [2.05, 1.05, 0.52, 0.31, 0.21]})[0], b, "BF16") == (None, None)
+    assert cmp.judge_curve(0, _curves({0: [2.05, 1.05, 0.52, 0.31, 0.21]})[0], b, "BF16") == (None, None)
     blip = _curves({0: [2.05, 1.05, 0.52, 0.31, 5.0]})[0]
-    assert cmp._judge_curve(0, blip, b, "BF16") == (None, None)
+    assert cmp.judge_curve(0, blip, b, "BF16") == (None, None)
 
 
 def test_divergence_names_the_first_step_out_for_good():
     b = cmp.band(_curves({0: [2.0, 1.0, 0.5, 0.3, 0.2, 0.15], 1: [2.1, 1.1, 0.55, 0.32, 0.22, 0.16]}))
     amp = _curves({0: [2.05, 3.0, 0.5, 0.9, 1.2, 1.5]})[0]  # out at 20, back in at 30, out for good from 40
-    reason, _ = cmp._judge_curve(1, amp, b, "FP16")
+    reason, _ = cmp.judge_curve(1, amp, b, "FP16")
     assert reason.startswith("FP16 diverged at step 40 (seed 1)")
 
 
 def test_non_finite_and_below_band():
     b = cmp.band(_curves({0: [2.0, 1.0, 0.5, 0.3], 1: [2.1, 1.1, 0.55, 0.32]}))
-    reason, _ = cmp._judge_curve(0, _curves({0: [2.0, None, None, None]})[0], b, "FP16")
+    reason, _ = cmp.judge_curve(0, _curves({0: [2.0, None, None, None]})[0], b, "FP16")
     assert reason == "FP16 loss became non-finite at step 20 (seed 0)"
-    reason, warn = cmp._judge_curve(0, _curves({0: [2.0, 0.1, 0.05, 0.01]})[0], b, "BF16")
+    reason, warn = cmp.judge_curve(0, _curves({0: [2.0, 0.1, 0.05, 0.01]})[0], b, "BF16")
     assert reason is None and "below the FP32 band from step 20" in warn
 
 
 def test_metric_margins():
-    reason, info = cmp._judge_metric("accuracy", True, [0.97, 0.98], [0.962], "BF16")
+    reason, info = cmp.judge_metric("accuracy", True, [0.97, 0.98], [0.962], "BF16")
     assert reason is None and info["allowed"][0] == pytest.approx(0.96)
-    reason, _ = cmp._judge_metric("accuracy", True, [0.97, 0.98], [0.95], "BF16")
+    reason, _ = cmp.judge_metric("accuracy", True, [0.97, 0.98], [0.95], "BF16")
     assert reason.startswith("final accuracy lower by 0.025")
-    reason, info = cmp._judge_metric("training loss", False, [1.0, 1.1], [1.12], "BF16")  # 2% of 1.05 = 0.021
+    reason, info = cmp.judge_metric("training loss", False, [1.0, 1.1], [1.12], "BF16")  # 2% of 1.05 = 0.021
     assert reason is None and info["allowed"][1] == pytest.approx(1.121)
-    reason, _ = cmp._judge_metric("training loss", False, [1.0, 1.1], [1.2], "BF16")
+    reason, _ = cmp.judge_metric("training loss", False, [1.0, 1.1], [1.2], "BF16")
     assert reason.startswith("final training loss higher by 0.15")
 
 
 def test_merge_seeds():
-    merged = cmp._merge_seeds(["FP16 loss became non-finite at step 1 (seed 0)",
+    merged = cmp.merge_seeds(["FP16 loss became non-finite at step 1 (seed 0)",
                                "FP16 loss became non-finite at step 1 (seed 1)",
                                "FP16 loss became non-finite at step 3 (seed 2)"])
     assert merged == ["FP16 loss became non-finite at step 1 (seeds 0, 1)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -17,6 +18,7 @@ from ampkit.bench.workloads import Workload, load_workload
 from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported, UsageError, first_line
 from ampkit.policy import Precision, resolve_precision
+from ampkit.provenance import git_commit
 
 __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
 
@@ -37,7 +39,8 @@ class BenchConfig:
     compile_backend: str = "inductor"
     graph: bool = False  # add the whole-step graph runner to eager configurations
     runners: tuple[str, ...] | None = None
-    steps: int | None = None  # timed steps per runner: 20 on accelerators, 10 on the CPU
+    steps: int | None = None  # timed steps per runner and round: 20 on accelerators, 10 on the CPU
+    rounds: int | None = None  # interleaved rounds (plain, ampkit, plain, ...): 5 on accelerators, 1 on the CPU
     warmup: int | None = None  # 5 on accelerators, 2 on the CPU
     sync_steps: int = 3
     max_grad_norm: float = 1.0
@@ -56,6 +59,8 @@ class BenchConfig:
             raise UsageError("nothing to measure: --no-eager needs --compile")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps must be >= 1, got {self.steps}")
+        if self.rounds is not None and self.rounds < 1:
+            raise UsageError(f"--rounds must be >= 1, got {self.rounds}")
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
 
@@ -103,10 +108,10 @@ def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[t
 
 def _runners_for(config: BenchConfig, label: str, compiled: bool) -> list[str]:
     if config.runners:
-        names = [r for r in config.runners if r != "ampkit-graph" or not compiled]
-        return [r for r in names if not compiled or r not in PEERS]
+        return [r for r in config.runners if not compiled or r not in PEERS]
     if compiled:
-        return ["plain", "ampkit"]
+        # The compiled step captured whole (forward, backward, clip, fused optimizer) with --graph.
+        return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
     names = ["plain", "ampkit"]
     if config.graph:
         names.append("ampkit-graph")
@@ -121,8 +126,8 @@ def _versions(device: Device) -> dict[str, Any]:
 
     import ampkit
 
-    out: dict[str, Any] = {"ampkit": ampkit.__version__, **device.runtime_versions()}
-    for pkg in ("accelerate", "lightning"):
+    out: dict[str, Any] = {"ampkit": ampkit.__version__, "git_commit": git_commit(), **device.runtime_versions()}
+    for pkg in ("accelerate", "lightning", "torchvision", "transformers", "torchao"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -155,28 +160,42 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
             kw["mode"] = config.compile_mode
         compiled_fwd = torch.compile(_LossModule(wl.model, wl.loss), **kw)
     tf32_before = device.tf32_switches()
-    plan = [(label, prec, compiled, r) for label, prec in precisions for compiled in modes
-            for r in _runners_for(config, label, compiled)]
+    rounds = config.rounds or (5 if device.is_accelerator else 1)
+    configs = [(label, prec, compiled, _runners_for(config, label, compiled))
+               for label, prec in precisions for compiled in modes]
+    total = sum(len(runners) for *_, runners in configs) * rounds
     rows: list[dict[str, Any]] = []
     compile_error: str | None = None
+    index = 0
     try:
-        for i, (label, prec, compiled, runner) in enumerate(plan):
-            report({"event": "runner", "index": i, "total": len(plan), "precision": label, "compiled": compiled,
-                    "runner": runner})
-            if compiled and compile_error:
-                row = _row(label, prec, compiled, runner, status="error", message=f"compile failed: {compile_error}")
-            else:
-                fwd = (lambda b, m=compiled_fwd: m(*b)) if compiled else (lambda b, w=wl: w.loss(w.model, b))
-                row = _measure(wl, device, label, prec, compiled, runner, fwd, config, steps, warmup,
-                               peak["flops_per_s"])
-                if compiled and row["status"] == "error" and runner == "plain":
-                    compile_error = row["message"]
-            rows.append(row)
+        for label, prec, compiled, runners in configs:
+            measured: dict[str, list[dict[str, Any]]] = {r: [] for r in runners}
+            for rnd in range(rounds):
+                # Interleaved, and the order reversed every other round: a clock that drifts (boost, heat,
+                # another tenant) then weighs on every runner alike instead of on whichever ran last.
+                for runner in (runners if rnd % 2 == 0 else runners[::-1]):
+                    report({"event": "runner", "index": index, "total": total, "precision": label,
+                            "compiled": compiled, "runner": runner, "round": rnd})
+                    index += 1
+                    if compiled and compile_error:
+                        row = _row(label, prec, compiled, runner, status="error",
+                                   message=f"compile failed: {compile_error}")
+                    else:
+                        fwd = (lambda b, m=compiled_fwd: m(*b)) if compiled else (lambda b, w=wl: w.loss(w.model, b))
+                        row = _measure(wl, device, label, prec, compiled, runner, fwd, config, steps, warmup,
+                                       peak["flops_per_s"], check_syncs=rnd == 0)
+                        if compiled and row["status"] == "error" and runner == "plain":
+                            compile_error = row["message"]
+                    measured[runner].append(row)
+                    report({"event": "round", "row": row, "round": rnd})
+            for runner in runners:
+                rows.append(combine_rounds(measured[runner]))
             _ratios(rows)
-            report({"event": "row", "row": row})
+            for runner in runners:
+                report({"event": "row", "row": next(r for r in rows if (r["precision"], r["compiled"], r["runner"])
+                                                    == (label, compiled, runner))})
     finally:
         device.restore_tf32(tf32_before)  # each switch to its own value (cuBLAS and cuDNN differ by default)
-    _ratios(rows)
     result: dict[str, Any] = {
         "schema": 1,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -186,9 +205,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "versions": _versions(device),
         "model": wl.to_dict(),
         "peak": peak,
-        "settings": {"steps": steps, "warmup": warmup, "max_grad_norm": config.max_grad_norm,
+        "settings": {"steps": steps, "warmup": warmup, "rounds": rounds, "max_grad_norm": config.max_grad_norm,
                      "compile_mode": config.compile_mode or "default", "compile_backend": config.compile_backend,
-                     "optimizer": "AdamW (fused where the device has it; lesson: default foreach/for-loop)",
+                     "optimizer": wl.optimizer_name + " (lesson runner: the default foreach/for-loop form)",
                      "sync_steps": config.sync_steps, "seed": config.seed},
         "rows": rows,
     }
@@ -201,20 +220,22 @@ def _row(label: str, prec: Precision, compiled: bool, runner: str, **kw: Any) ->
     row = {"precision": label, "compiled": compiled, "runner": runner, "status": "ok", "message": None,
            "ms_per_step": None, "tokens_per_s": None, "samples_per_s": None, "mfu": None, "peak_mem_bytes": None,
            "ratio_to_plain": None, "host_syncs_per_step": None, "sync_error": None, "loss_last": None,
-           "warmup_s": None, "tf32": prec.tf32}
+           "warmup_s": None, "tf32": prec.tf32, "ms_rounds": None, "ms_spread": None, "ratio_rounds": None,
+           "ratio_spread": None, "ratio_verdict": None}
     row.update(kw)
     return row
 
 
 def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled: bool, runner: str,
              fwd: Callable[[Any], torch.Tensor], config: BenchConfig, steps: int, warmup: int,
-             peak_rate: float) -> dict[str, Any]:
+             peak_rate: float, *, check_syncs: bool = True) -> dict[str, Any]:
     wl.reset()
+    device.manual_seed(config.seed)  # dropout draws the same masks in every runner: comparable losses
     gc.collect()
     device.empty_cache()
     device.reset_peak_memory_stats()
     ctx = Ctx(model=wl.model, loss=wl.loss, forward=fwd, example_batch=wl.batches[0], precision=prec,
-              device=device, lr=wl.lr, weight_decay=wl.weight_decay, max_grad_norm=config.max_grad_norm,
+              device=device, optimizer=wl.optimizer, max_grad_norm=config.max_grad_norm,
               compiled=compiled)
     built: Built | None = None
     try:
@@ -225,9 +246,10 @@ def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled
         loss_last = float(t["last_loss"].float().item())
         extra = built.finish() if built.finish else {}
         offset = warmup + built.extra_warmup + steps
-        syncs = measure.count_syncs(built.step, wl.batches, device, n=config.sync_steps, offset=offset)
-        sync_error = None
-        if runner.startswith("ampkit"):
+        syncs = sync_error = None
+        if check_syncs:
+            syncs = measure.count_syncs(built.step, wl.batches, device, n=config.sync_steps, offset=offset)
+        if check_syncs and runner.startswith("ampkit"):
             sync_error = measure.strict_sync_check(built.step, wl.batches, device, n=config.sync_steps,
                                                    offset=offset + config.sync_steps)
     except Refused as exc:
@@ -250,10 +272,45 @@ def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled
                 warmup_s=round(t["warmup_s"], 3), **extra)
 
 
+def combine_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from a runner's interleaved rounds: the median step time, every round's time and their spread.
+    Memory, syncs and losses come from the first round (the only one that checks syncs)."""
+    bad = next((r for r in rounds if r["status"] != "ok"), None)
+    if bad is not None:
+        return bad
+    row = dict(rounds[0])
+    times = [r["ms_per_step"] for r in rounds]
+    median = statistics.median(times)
+    scale = row["ms_per_step"] / median  # rates follow the median time
+    for key in ("tokens_per_s", "samples_per_s", "mfu"):
+        if row[key] is not None:
+            row[key] *= scale
+    row.update(ms_per_step=median, ms_rounds=times, ms_spread=[min(times), max(times)])
+    return row
+
+
 def _ratios(rows: list[dict[str, Any]]) -> None:
-    plain = {(r["precision"], r["compiled"]): r["ms_per_step"] for r in rows
-             if r["runner"] == "plain" and r["status"] == "ok"}
+    """Each runner's time over the hand-written loop's, round by round (a round's runners ran back to back,
+    so each pair shares the device's state): the median ratio, its spread, and whether the spread is wider
+    than the effect, in which case the row says so instead of claiming the number."""
+    plain = {(r["precision"], r["compiled"]): r for r in rows if r["runner"] == "plain" and r["status"] == "ok"}
     for r in rows:
         base = plain.get((r["precision"], r["compiled"]))
-        if r["status"] == "ok" and base:
-            r["ratio_to_plain"] = r["ms_per_step"] / base
+        if r["status"] != "ok" or base is None:
+            continue
+        ratios = [a / b for a, b in zip(r.get("ms_rounds", [r["ms_per_step"]]),
+                                        base.get("ms_rounds", [base["ms_per_step"]]))]
+        median = statistics.median(ratios)
+        r["ratio_to_plain"] = median
+        r["ratio_rounds"] = ratios
+        r["ratio_spread"] = [min(ratios), max(ratios)]
+        half = (max(ratios) - min(ratios)) / 2
+        if len(ratios) < 2:
+            r["ratio_verdict"] = "one round: no spread measured (use --rounds 3 or more)"
+        elif r["runner"] == "plain":
+            r["ratio_verdict"] = None
+        elif half > abs(median - 1.0):
+            r["ratio_verdict"] = (f"within noise: the rounds' spread (+/-{half:.1%}) is wider than the difference "
+                                  f"({median - 1:+.1%}): this run cannot tell the overhead from noise")
+        else:
+            r["ratio_verdict"] = f"{median - 1:+.1%} (spread +/-{half:.1%} over {len(ratios)} rounds)"

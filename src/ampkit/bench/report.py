@@ -38,7 +38,8 @@ def evaluate_bars(result: dict[str, Any]) -> list[dict[str, Any]]:
         if r["runner"] == "ampkit" and r["status"] == "ok" and r["ratio_to_plain"] is not None:
             add(f"engine overhead {r['precision']} {_mode(r['compiled'])}", f"<= {BARS['overhead']}",
                 r["ratio_to_plain"], r["ratio_to_plain"] <= BARS["overhead"],
-                f"ampkit {r['ms_per_step']:.3f} ms/step vs the hand-written loop's")
+                f"ampkit {r['ms_per_step']:.3f} ms/step vs the hand-written loop's"
+                + (f"; {r['ratio_verdict']}" if r.get("ratio_verdict") else ""))
     r = _find(rows, "bf16", True, "ampkit")
     if r is not None and model == "gpt2-small" and r["mfu"] is not None:
         plain = _find(rows, "bf16", True, "plain")

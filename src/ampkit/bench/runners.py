@@ -4,20 +4,22 @@
   ``GradScaler(enabled=fp16)``, ``unscale_``, ``clip_grad_norm_``, ``scaler.step``, ``update``,
   fused AdamW. It is sync-free too (torch passes the found-inf flag to fused optimizers).
 * ``ampkit``: the same step through :class:`ampkit.MixedPrecision` (on-device skip counters added).
-* ``ampkit-graph``: ``MixedPrecision(graph=True).graph_step`` with fused capturable AdamW.
+* ``ampkit-graph``: ``MixedPrecision(graph=True).graph_step`` with the fused capturable optimizer; with
+  ``--compile`` the compiled forward and backward are captured into the same one-launch step.
 * ``lesson``: the lesson's full loop (section 5): host-side ``if not torch.isfinite(loss)`` every
   step and the default (non-fused) AdamW, then unscale, clip, step, update.
 * ``accelerate`` / ``fabric``: the same step through Hugging Face Accelerate and Lightning Fabric,
   each only when installed; a configuration a peer refuses is recorded with its message.
 
-Every runner clips the gradient norm at ``max_grad_norm`` and uses AdamW with the workload's lr.
+Every runner clips the gradient norm at ``max_grad_norm`` and uses the workload's optimizer (AdamW with
+the workload's lr unless the workload names another, e.g. SGD with momentum for ResNet-50).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -28,9 +30,8 @@ from ampkit.policy import Precision
 
 from ampkit.choices import BENCH_PEERS, BENCH_RUNNERS  # noqa: E402
 
-__all__ = ["RUNNERS", "CORE_RUNNERS", "PEERS", "Ctx", "Built", "Refused", "Unavailable", "build"]
+__all__ = ["RUNNERS", "PEERS", "Ctx", "Built", "Refused", "Unavailable", "build"]
 
-CORE_RUNNERS = ("plain", "ampkit")
 PEERS = BENCH_PEERS
 RUNNERS = BENCH_RUNNERS
 
@@ -53,8 +54,7 @@ class Ctx:
     example_batch: tuple[torch.Tensor, ...]
     precision: Precision
     device: Device
-    lr: float
-    weight_decay: float
+    optimizer: Callable[..., torch.optim.Optimizer]  # optimizer(params, **flags): the workload's
     max_grad_norm: float
     compiled: bool
 
@@ -65,11 +65,10 @@ class Built:
     extra_warmup: int = 0  # steps the runner needs before it is in steady state (graph capture)
     finish: Callable[[], dict[str, Any]] | None = None  # details read after timing
     cleanup: Callable[[], None] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
-def _adamw(ctx: Ctx, **kw: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(ctx.model.parameters(), lr=ctx.lr, weight_decay=ctx.weight_decay, **kw)
+def _optimizer(ctx: Ctx, **flags: Any) -> torch.optim.Optimizer:
+    return ctx.optimizer(ctx.model.parameters(), **flags)
 
 
 def _fused(ctx: Ctx) -> dict[str, Any]:
@@ -79,7 +78,7 @@ def _fused(ctx: Ctx) -> dict[str, Any]:
 def _plain(ctx: Ctx) -> Built:
     prec, dev = ctx.precision, ctx.device
     params = list(ctx.model.parameters())
-    opt = _adamw(ctx, **_fused(ctx))
+    opt = _optimizer(ctx, **_fused(ctx))
     scaler = dev.grad_scaler(enabled=prec.use_scaler)  # branch-free: a disabled scaler passes through
     fwd, max_norm = ctx.forward, ctx.max_grad_norm
 
@@ -101,15 +100,14 @@ def _ampkit(ctx: Ctx) -> Built:
     from ampkit.engine import MixedPrecision
 
     amp = MixedPrecision(ctx.precision, max_grad_norm=ctx.max_grad_norm, device=ctx.device)
-    opt = _adamw(ctx, **_fused(ctx))
+    opt = _optimizer(ctx, **_fused(ctx))
     fwd = ctx.forward
 
+    def loss_fn(_model: Any, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return fwd(b)  # the (maybe compiled) model + loss
+
     def step(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        with amp.autocast():
-            loss = fwd(b)
-        amp.backward(loss)
-        amp.step(opt)
-        return loss.detach()
+        return amp.train_step(ctx.model, loss_fn, [b], opt)[0]  # the engine's one eager step
 
     def finish() -> dict[str, Any]:
         s = amp.stats()
@@ -121,16 +119,17 @@ def _ampkit(ctx: Ctx) -> Built:
 def _ampkit_graph(ctx: Ctx) -> Built:
     from ampkit.engine import MixedPrecision
 
-    if ctx.compiled:
-        raise Unavailable("whole-step graphs are measured on eager models (torch.compile has its own cudagraphs)")
     amp = MixedPrecision(ctx.precision, max_grad_norm=ctx.max_grad_norm, device=ctx.device, graph=True)
+    # Compiled: the inductor kernels of the forward and backward are recorded into the same graph as the
+    # clip and the fused optimizer (one launch per step), instead of torch.compile's own cudagraphs.
+    loss_fn = (lambda model, b, fwd=ctx.forward: fwd(b)) if ctx.compiled else ctx.loss
     capturable = {"fused": True, "capturable": True} if ctx.device.graph_api() is not None else _fused(ctx)
-    opt = _adamw(ctx, **capturable)
+    opt = _optimizer(ctx, **capturable)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback reason is recorded in the row instead
-        gstep = amp.graph_step(ctx.model, opt, ctx.loss, ctx.example_batch)
+        gstep = amp.graph_step(ctx.model, opt, loss_fn, ctx.example_batch)
 
     def step(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
         with warnings.catch_warnings():
@@ -148,7 +147,7 @@ def _ampkit_graph(ctx: Ctx) -> Built:
 def _lesson(ctx: Ctx) -> Built:
     prec, dev = ctx.precision, ctx.device
     params = list(ctx.model.parameters())
-    opt = _adamw(ctx)  # the lesson's torch.optim.AdamW(model.parameters(), lr=1e-3): not fused
+    opt = _optimizer(ctx)  # the lesson's torch.optim.AdamW(model.parameters(), lr=1e-3): not fused
     scaler = dev.grad_scaler(enabled=prec.use_scaler)
     fwd, max_norm = ctx.forward, ctx.max_grad_norm
 
@@ -195,7 +194,7 @@ def _accelerate(ctx: Ctx) -> Built:
         except Exception as exc:  # noqa: BLE001 - its refusal is the result
             raise Refused(_msg(exc)) from exc
         keys = set(vars(ctx.model))
-        opt = _adamw(ctx, **_fused(ctx))
+        opt = _optimizer(ctx, **_fused(ctx))
         model, opt = acc.prepare(ctx.model, opt)
     loss_fn, max_norm = ctx.loss, ctx.max_grad_norm
 
@@ -232,7 +231,7 @@ def _fabric(ctx: Ctx) -> Built:
     with _quiet():
         try:
             fabric = Fabric(accelerator=ctx.device.type, devices=1, precision=precision)
-            opt = _adamw(ctx, **_fused(ctx))
+            opt = _optimizer(ctx, **_fused(ctx))
             model, opt = fabric.setup(ctx.model, opt)
         except Exception as exc:  # noqa: BLE001
             raise Refused(_msg(exc)) from exc

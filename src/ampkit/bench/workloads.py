@@ -1,7 +1,8 @@
 """What ``ampkit bench`` trains: a model on the device, its initial weights, a loss and fixed batches.
 
 Names: ``gpt2-small`` (charlm in the GPT-2-small shape; accelerators only), ``charlm``, ``digits``,
-``lesson`` (the lesson's 5-4-3 ``SimpleModel`` with MSE on one fixed 6x5 batch), or any task spec
+``lesson`` (the lesson's 5-4-3 ``SimpleModel`` with MSE on one fixed 6x5 batch), the foreign models
+``resnet50`` (torchvision) and ``hf-gpt2`` (transformers) of :mod:`ampkit.bench.foreign`, or any task spec
 ``FILE.py:factory`` / ``module:factory`` (see :func:`ampkit.tasks.load_task`).
 """
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ampkit.bench.foreign import FOREIGN, build_foreign
 from ampkit.device import Device
 from ampkit.errors import UsageError
 
@@ -22,7 +24,7 @@ __all__ = ["Workload", "load_workload", "SimpleModel", "GPT2_SMALL", "MODEL_NAME
 # GPT-2 small: 124M parameters with the vocabulary padded from 50257 to 50304 (a multiple of 64, so
 # the head's matmul tiles evenly), 16 sequences of 1024 tokens.
 GPT2_SMALL = {"d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 1024, "batch_size": 16, "vocab_size": 50304}
-MODEL_NAMES = ("gpt2-small", "charlm", "digits", "lesson")
+MODEL_NAMES = ("gpt2-small", "charlm", "digits", "lesson", "resnet50", "hf-gpt2")
 N_BATCHES = 4  # distinct batches cycled through: real data, no transfer inside the timed loop
 
 
@@ -55,6 +57,16 @@ class Workload:
     weight_decay: float
     n_params: int = 0
     initial_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The optimizer every runner builds: ``make_optimizer(params, **flags)`` (flags: fused, capturable).
+    # None: AdamW with the workload's lr and weight decay.
+    make_optimizer: Callable[..., torch.optim.Optimizer] | None = None
+    optimizer_name: str = "AdamW (fused where the device has it)"
+
+    def optimizer(self, params: Any, **flags: Any) -> torch.optim.Optimizer:
+        """This workload's optimizer over ``params`` (``flags``: fused, capturable, foreach)."""
+        if self.make_optimizer is not None:
+            return self.make_optimizer(params, **flags)
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, **flags)
 
     def reset(self) -> None:
         """Initial weights back, no gradients: every runner starts from the same model."""
@@ -66,7 +78,8 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "n_params": self.n_params,
                 "flops_per_step": self.flops_per_step, "tokens_per_step": self.tokens_per_step,
-                "samples_per_step": self.samples_per_step, "batch_shapes": [list(t.shape) for t in self.batches[0]]}
+                "samples_per_step": self.samples_per_step, "batch_shapes": [list(t.shape) for t in self.batches[0]],
+                "optimizer": self.optimizer_name}
 
 
 def _lesson(device: Device, seed: int) -> Workload:
@@ -96,6 +109,8 @@ def load_workload(spec: str, device: Device, *, seed: int = 0, options: dict[str
         task = load_task("charlm", seed=seed, options={**GPT2_SMALL, **options})
         wl = _from_task(task, "gpt2-small")
         wl.description = "GPT-2 small shape: " + task.description
+    elif spec in FOREIGN:
+        wl = Workload(name=spec, **build_foreign(spec, device, seed, options))
     elif spec == "lesson":
         if options:
             raise UsageError(f"--model lesson takes no options (got {', '.join(options)})")
@@ -108,7 +123,7 @@ def load_workload(spec: str, device: Device, *, seed: int = 0, options: dict[str
     wl.n_params = sum(p.numel() for p in wl.model.parameters())
     # On the host: a copy on the device would inflate every runner's peak memory.
     wl.initial_state = {k: v.detach().to("cpu", copy=True) for k, v in wl.model.state_dict().items()}
-    wl.batches = [tuple(t.to(dev) for t in b) for b in wl.batches]
+    wl.batches = [tuple(t.to(dev) for t in b) for b in wl.batches]  # .to keeps channels_last strides
     return wl
 
 

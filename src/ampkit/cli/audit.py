@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from ampkit.cli.common import add_device_arg, add_precision_arg, console, print_json
+from ampkit.cli.compare import add_fp32_modules_arg
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:
   ampkit audit                                     # digits, the device's low precision
   ampkit audit --precision fp16 --json             # every op with its dtypes, as JSON
   ampkit audit --task mytask.py:make_task          # your model: task.loss(model, first batch)
+  ampkit audit --precision fp16 --fp32-modules preset:norm   # FP32 regions: declared, not surprises
 
 Categories: low (FP16/BF16), promoted (FP32 from low-precision inputs: autocast's FP32 list),
 fp32 (kept), fp64, cast. Surprises: a matmul kept in FP32 under autocast (autocast(enabled=False),
@@ -26,6 +28,7 @@ def register(sub, formatter_class):
     add_precision_arg(p)
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the audit (with every op) as JSON")
+    add_fp32_modules_arg(p)
     p.set_defaults(func=run)
     return p
 
@@ -46,7 +49,7 @@ def run(args) -> int:
     device = detect_device(args.device)
     precision = resolve_precision(args.precision, device)
     task = load_task(args.task, options=parse_task_args(args.task_arg))
-    result = audit_task(task, precision=precision)
+    result = audit_task(task, precision=precision, fp32_modules=args.fp32_modules)
     if args.json:
         print_json({"task": task.name, "reason": precision.reason, **result.to_dict()})
         return 0
@@ -77,9 +80,12 @@ def _render(r, task: str, reason: str) -> None:
     share = "n/a (no matmul-like ops)" if r.matmul_share is None else f"{r.matmul_share:.0%}"
     out.print(f"model output dtype: {r.output_dtype}; matmul FLOPs in low precision: [bold]{share}[/]"
               + ("" if r.forward_matmul_share is None else f" (forward {r.forward_matmul_share:.0%})"), highlight=False)
+    for d in r.declared:
+        out.print(f"[cyan]declared[/]: {d['message']}", highlight=False)
     for s in r.surprises:
         out.print(f"[yellow]surprise {s.kind}[/]: {s.message}. fix: {s.fix}", highlight=False)
     if not r.surprises:
-        out.print("no surprises: no matmul kept in FP32 under autocast, no FP64, no hand-cast weights")
+        aside = " outside the declared FP32 regions" if r.declared else ""
+        out.print(f"no surprises: no matmul kept in FP32 under autocast{aside}, no FP64, no hand-cast weights")
     for n in r.notes:
         out.print(f"note: {n}")

@@ -46,6 +46,9 @@ def register(sub, formatter_class):
     p.add_argument("--runners", default=None, metavar="LIST", help=f"comma list of {', '.join(RUNNERS)}")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="timed steps per runner (20 GPU, 10 CPU)")
     p.add_argument("--warmup", type=int, default=None, metavar="W", help="untimed steps first (5 GPU, 2 CPU)")
+    p.add_argument("--rounds", type=int, default=None, metavar="R",
+                   help="interleaved rounds (plain, ampkit, ..., then reversed): median and spread per runner "
+                        "(5 GPU, 1 CPU)")
     p.add_argument("--seed", type=int, default=0)
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the result object as JSON on stdout (nothing else)")
@@ -68,6 +71,7 @@ def run(args) -> int:
         model=args.model, task_options=parse_task_args(args.task_arg), precisions=_split(args.precision),
         eager=not args.no_eager, compile=args.compile, compile_mode=args.compile_mode, graph=args.graph,
         runners=_split([args.runners] if args.runners else None), steps=args.steps, warmup=args.warmup,
+        rounds=args.rounds,
         device=args.device, seed=args.seed, command="ampkit bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1 and sys.argv[1] == "bench" else None,
     )
@@ -99,9 +103,9 @@ class _Progress:
                            highlight=False)
         elif kind == "runner":
             mode = "compiled" if ev["compiled"] else "eager"
-            self.err.print(f"[{ev['index'] + 1}/{ev['total']}] {ev['precision']} {mode} {ev['runner']}",
-                           highlight=False, end="")
-        elif kind == "row":
+            self.err.print(f"[{ev['index'] + 1}/{ev['total']}] {ev['precision']} {mode} {ev['runner']}"
+                           + (f" round {ev['round'] + 1}" if ev.get("round") else ""), highlight=False, end="")
+        elif kind == "round":
             r = ev["row"]
             if r["status"] != "ok":
                 self.err.print(f": {r['status']}: {_short(r['message'], 200)}", highlight=False)
@@ -119,10 +123,18 @@ class _Progress:
                 bits.append("captured" if r["graph_captured"] else f"eager: {r.get('graph_fallback')}")
             bits.append(f"warm-up {r['warmup_s']:.1f} s")
             self.err.print(": " + ", ".join(bits), highlight=False)
+        elif kind == "row" and ev["row"].get("ratio_verdict") and ev["row"]["status"] == "ok":
+            r = ev["row"]
+            self.err.print(f"  {r['precision']} {r['runner']} over plain: median {r['ratio_to_plain']:.3f}: "
+                           f"{r['ratio_verdict']}", highlight=False)
 
 
 def _fmt(v, spec: str, scale: float = 1.0, suffix: str = "") -> str:
     return "-" if v is None else f"{v * scale:{spec}}{suffix}"
+
+
+def _span(pair, spec: str) -> str:
+    return "-" if not pair or pair[0] == pair[1] else f"{pair[0]:{spec}}-{pair[1]:{spec}}"
 
 
 def _short(text: str | None, n: int = 60) -> str:
@@ -142,16 +154,18 @@ def render(result: dict) -> None:
     dev, peak, model = result["device"], result["peak"], result["model"]
     out.print(f"[bold]{model['name']}[/] on {dev['name']} ({dev['type']}), torch {result['versions'].get('torch')}: "
               f"{model['description']}", highlight=False)
-    out.print(f"matmul rate {peak['tflops']:.1f} TFLOP/s ({peak['dtype']}), {result['settings']['steps']} timed steps "
-              f"after {result['settings']['warmup']} warm-up", highlight=False)
+    settings = result["settings"]
+    out.print(f"matmul rate {peak['tflops']:.1f} TFLOP/s ({peak['dtype']}), {settings['steps']} timed steps "
+              f"after {settings['warmup']} warm-up, {settings.get('rounds', 1)} interleaved round(s): "
+              "medians, spread min-max", highlight=False)
     per_tokens = model.get("tokens_per_step") is not None
     configs: dict[tuple, list[dict]] = {}
     for r in result["rows"]:
         configs.setdefault((r["precision"], r["compiled"]), []).append(r)
     for (prec, compiled), rows in configs.items():
         t = Table(title=f"{prec} {'compiled' if compiled else 'eager'}", title_justify="left")
-        for col in ("runner", "ms/step", "tokens/s" if per_tokens else "samples/s", "MFU", "peak mem", "x plain",
-                    "syncs/step", "loss", "note"):
+        for col in ("runner", "ms/step", "spread", "tokens/s" if per_tokens else "samples/s", "MFU", "peak mem",
+                    "x plain", "x spread", "syncs/step", "loss", "note"):
             t.add_column(col, justify="left" if col in ("runner", "note") else "right")
         for r in rows:
             rate = r["tokens_per_s"] if per_tokens else r["samples_per_s"]
@@ -160,8 +174,11 @@ def render(result: dict) -> None:
                 note = f"eager: {_short(r.get('graph_fallback'))}"
             elif r.get("graph_captured"):
                 note = "one graph per step"
-            t.add_row(r["runner"], _fmt(r["ms_per_step"], ".3f"), _fmt(rate, ",.0f"), _fmt(r["mfu"], ".1%"),
-                      _fmt(r["peak_mem_bytes"], ".2f", 1 / 2**30, " GiB"), _fmt(r["ratio_to_plain"], ".3f"),
+            if (r.get("ratio_verdict") or "").startswith("within noise"):
+                note = (note + "; " if note else "") + "overhead within noise"
+            t.add_row(r["runner"], _fmt(r["ms_per_step"], ".3f"), _span(r.get("ms_spread"), ".3f"), _fmt(rate, ",.0f"),
+                      _fmt(r["mfu"], ".1%"), _fmt(r["peak_mem_bytes"], ".2f", 1 / 2**30, " GiB"),
+                      _fmt(r["ratio_to_plain"], ".3f"), _span(r.get("ratio_spread"), ".3f"),
                       _fmt(r["host_syncs_per_step"], ".2g"), _fmt(r["loss_last"], ".4f"), note)
         out.print(t)
     if result["bars"]:

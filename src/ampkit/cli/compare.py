@@ -12,8 +12,11 @@ EXAMPLES = """examples:
   ampkit compare --precision fp16 --seeds 5        # judge FP16 against five FP32 seeds
   ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
   ampkit compare --json > verdict.json             # the same as DIR/compare.json, on stdout
+  ampkit compare --task mytask.py:make_task --precision fp16 --explain
+                                                   # on FAIL: which module adds the error, and the fix
+  ampkit compare --precision fp16 --fp32-modules norm,preset:loss   # with FP32 regions, and their cost
 
-exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: the README, "The verdict".
+exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: docs/commands/compare.md, "The verdict".
 """
 
 
@@ -36,8 +39,41 @@ def register(sub, formatter_class):
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="compare.json, report.html and PNGs go here")
     p.add_argument("--no-audit", action="store_true", help="skip the per-op dtype audit in the report")
     p.add_argument("--json", action="store_true", help="print compare.json on stdout instead of a summary")
+    p.add_argument("--no-graph", action="store_true",
+                   help="eager steps only (by default, on a device with graphs, both precisions replay the whole "
+                        "step as one device graph and short eager runs give the eager speed-up too)")
+    add_fp32_modules_arg(p)
+    p.add_argument("--explain", action="store_true",
+                   help="rank the modules by the error they add (at the start and where the AMP curve leaves the "
+                        "band) and, on FAIL, try fixes with reruns: FP32 modules, the other precision, a lower lr")
+    p.add_argument("--explain-budget", default=None, metavar="SECONDS|FACTORx",
+                   help="time limit of --explain: seconds (300) or a factor of the comparison's time (1.5x); "
+                        "default 2x")
     p.set_defaults(func=run)
     return p
+
+
+def add_fp32_modules_arg(p) -> None:
+    p.add_argument("--fp32-modules", default=None, metavar="NAMES",
+                   help="keep these modules in FP32 under autocast: comma-separated names, globs ('*.norm') or "
+                        "presets (preset:norm, preset:softmax, preset:loss)")
+
+
+def _budget(text: str | None) -> tuple[float | None, float]:
+    """``"300"`` -> (300 s, default factor); ``"1.5x"`` -> (None, 1.5)."""
+    from ampkit.errors import UsageError
+
+    if text is None:
+        return None, 2.0
+    raw = text.strip().lower()
+    try:
+        value = float(raw[:-1] if raw.endswith("x") else raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"--explain-budget takes seconds (300) or a factor of the comparison's time (1.5x), "
+                         f"got {text!r}")
+    return (None, value) if raw.endswith("x") else (value, 2.0)
 
 
 def run(args) -> int:
@@ -51,10 +87,15 @@ def run(args) -> int:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.log_every is not None and args.log_every < 1:
         raise UsageError(f"--log-every must be >= 1, got {args.log_every}")
+    budget, factor = _budget(args.explain_budget)
+    if args.explain_budget is not None and not args.explain:
+        raise UsageError("--explain-budget limits --explain: add --explain")
     with _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
         result = compare(args.task, precision=args.precision, seeds=args.seeds, steps=args.steps,
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
-                         lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar)
+                         lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
+                         fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
+                         explain_factor=factor, graph=False if args.no_graph else None)
     if args.json:
         print_json(result.to_dict())
     else:
@@ -100,6 +141,11 @@ class _Progress(ProgressView):
             self.progress.update(self.bar, description="audit")
         elif kind == "report" and self.progress is not None:
             self.progress.update(self.bar, description="report")
+        elif kind == "explain_step":
+            if self.progress is not None:
+                self.progress.update(self.bar, description=f"explain: {ev['what']}")
+            else:
+                self.err.print(f"explain: {ev['what']}", highlight=False)
 
 
 def _num(v, fmt="{:.4g}") -> str:
@@ -155,5 +201,47 @@ def _summary(r) -> None:
         out.print(f"[bold red]FAIL[/]: {amp} does not match FP32")
         for reason in r.reasons:
             out.print(f"  - {reason}", highlight=False)
+    _regions(out, r)
+    _explain(out, r)
+    if not r.passed and r.explain is None:
+        out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
     if r.report:
         out.print(f"report: {r.report}  (json: {r.report.rsplit('/', 1)[0]}/compare.json)", highlight=False)
+
+
+def _regions(out, r) -> None:
+    if not r.regions:
+        return
+    info = r.regions
+    out.print(f"FP32 regions ({', '.join(r.fp32_modules)}): {', '.join(info['names'])}", highlight=False)
+    for row in info["per_region"]:
+        mem = row.get("memory_added_bytes")
+        out.print(f"  {row['spec']}: {row['step_s_added'] * 1e3:+.2f} ms per forward+backward "
+                  f"({_num(row.get('slowdown'), '{:.2f}x')}), memory "
+                  + ("n/a" if mem is None else f"{mem / 2**20:+,.1f} MiB"), highlight=False)
+
+
+def _explain(out, r) -> None:
+    from rich.table import Table
+
+    e = r.explain
+    if e is None:
+        return
+    out.print("[bold]explain[/]")
+    t = Table(title="modules by the error they add (relative to FP32, one batch)", title_justify="left")
+    for col in ("module", "type", "added", "forward", "backward", "inside"):
+        t.add_column(col, justify="right" if col in ("added", "forward", "backward") else "left")
+    pct = lambda v: "inf/NaN" if v is None else f"{v:.3%}"  # noqa: E731
+    for m in e["ranking"][:8]:
+        t.add_row(m["module"], m["type"], pct(m["added"]), pct(m["fwd"]), pct(m["bwd"]), (m["events"][0].split(";")[0] + (f" (+{len(m['events']) - 1})" if len(m["events"]) > 1 else ""))
+                  if m["events"] else "")
+    out.print(t)
+    for line in e["summary"]:
+        out.print(f"  {line}", highlight=False)
+    for n in e["notes"]:
+        out.print(f"  note: {n}", highlight=False)
+    rec = e.get("recommendation")
+    if rec:
+        out.print(f"[bold green]recommended[/]: {rec['flags']}", highlight=False)
+        out.print(f"  {rec['compare_command']}", highlight=False, soft_wrap=True)
+        out.print(f"  python: {rec['python']}", highlight=False, soft_wrap=True)

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 
-from ampkit.cli.common import console
 from ampkit.errors import UsageError
 
 EXAMPLES = """examples:
@@ -86,12 +85,25 @@ def _write_json(target: str | None, payload) -> None:
         raise UsageError(f"cannot write {target}: {exc.strerror}") from None
 
 
+def _console():
+    """Piped output is not cut at 80 columns (paths and fixes stay whole, one line each)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=400, soft_wrap=True)
+
+
 def _render(result) -> None:
     from rich.markup import escape
 
     from ampkit.diagnose.findings import TITLES
 
-    out = console()
+    out = _console()
+    if result.traceback:  # the script's own traceback, as `python SCRIPT` would have shown it
+        import sys
+
+        print(result.traceback, file=sys.stderr)
     out.print(f"\n[bold]ampkit diagnose[/] {escape(result.script)}: {result.steps} optimizer step(s), {escape(result.stopped)}")
     if not result.findings:
         out.print("[green]no findings[/]")
@@ -124,7 +136,7 @@ def _render_range(report, error) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    out = console()
+    out = _console()
     t = Table(title=f"FP16 range from an FP32 run of {report.steps} step(s): FP16 max 65504, subnormal "
                     "below 2^-14, zero below 2^-24; gradient shares at loss scale 1 unless named",
               title_justify="left")
@@ -144,13 +156,22 @@ def _render_range(report, error) -> None:
         t.add_row(escape(name), _num(r.act_max), _num(r.grad_max), _pct(r.grad_zero_share_fp16),
                   _pct(r.grad_subnormal_share_fp16), _pct(r.grad_zero_share_scaled), ", ".join(flags) or "ok")
     out.print(t)
-    out.print(f"[bold]recommended initial loss scale:[/] {scale}  "
-              f"(`torch.amp.GradScaler(device, init_scale={report.recommended_scale:g})`)")
+    for o in report.op_overflow:
+        inside = (f"its output ({_num(o.module_output_max)}) fits FP16, so FP16 would overflow inside it and "
+                  "the module absorb it silently" if o.absorbed else "its output overflows too")
+        out.print(f"[red]op overflow:[/] {escape(o.module)}: `{escape(o.op)}` reaches {_num(o.max)}; {inside}")
+    init = f"--init-scale {report.recommended_scale:g}"
+    out.print(f"[bold]recommended initial loss scale:[/] {scale}  (`ampkit train {init}`; "
+              f"`torch.amp.GradScaler(device, init_scale={report.recommended_scale:g})`)")
     if report.keep_fp32:
-        out.print("[bold]keep in FP32:[/] " + ", ".join(report.keep_fp32)
-                  + "  (`with torch.autocast(device, enabled=False): y = module(x.float())`)")
+        flag = ",".join(report.fp32_modules)
+        names = ", ".join(f'"{n}"' for n in report.fp32_modules)
+        out.print("[bold]keep in FP32:[/] " + escape(", ".join(report.keep_fp32))
+                  + escape(f"  (`ampkit train --fp32-modules {flag} {init}`; Python: "
+                           f"`MixedPrecision(..., fp32_modules=[{names}])`; by hand: "
+                           "`with torch.autocast(device, enabled=False): y = module(x.float())`)"))
     else:
-        out.print("[green]no module output exceeds FP16's range[/]")
+        out.print("[green]no module output or op inside a module exceeds FP16's range[/]")
     for note in report.notes:
         out.print(f"note: {escape(note)}")
     if error:

@@ -54,7 +54,7 @@ def _render(r: dict) -> None:
     t = Table(title="capabilities", title_justify="left")
     for col in ("feature", "supported", "provenance", "detail", "probe"):
         t.add_column(col)
-    rows = [(k.upper(), v) for k, v in r["dtypes"].items()] + [("TF32", r["tf32"]), ("FP8 matmul", r["fp8"]),
+    rows = [(k.upper(), v) for k, v in r["dtypes"].items()] + [("TF32", r["tf32"]), ("FP8 training", r["fp8"]),
                                                                (f"collectives ({r['collectives']['backend']})", r["collectives"])]
     for label, s in rows:
         t.add_row(label, _yn(s["supported"]), s["provenance"], s["detail"] or "", s["probe"] or "")

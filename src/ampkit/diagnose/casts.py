@@ -3,8 +3,8 @@
 :class:`CastChecks` holds the wrappers that :class:`~ampkit.diagnose.instrument.Instrumentation`
 installs around ``torch.autocast`` and ``Tensor.half`` / ``Tensor.to`` / ``Module.half``:
 
-* autocast construction: forced off in range mode, else checked against the card table
-  (``dtype-unsupported``, which ends the run);
+* autocast construction: forced off in range mode, else checked against the precision decision
+  (``dtype-unsupported``, by :func:`ampkit.policy.resolve_precision`; it ends the run);
 * autocast entry: records the autocast (device, dtype) of the current optimizer step, which the
   step and GradScaler checks read;
 * manual casts to FP16 made directly by the user's code inside an autocast region
@@ -17,6 +17,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.compiler import is_compiling
 
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.tracking import frame_where
@@ -33,6 +34,7 @@ class CastChecks:
 
     def __init__(self, inst: Instrumentation) -> None:
         self.inst = inst
+        self._decided: dict[tuple[str, str], str | None] = {}
 
     # ------------------------------------------------------------------ autocast
     def wrap_autocast_init(self, orig):
@@ -40,7 +42,7 @@ class CastChecks:
         sig = inspect.signature(orig)
 
         def __init__(ac, *args, **kwargs):
-            if not inst._paused:
+            if not is_compiling() and not inst._paused:
                 bound = sig.bind(ac, *args, **kwargs)
                 bound.apply_defaults()
                 if inst.mode == "range":
@@ -55,48 +57,84 @@ class CastChecks:
     def _check_dtype(self, device_type: Any, dtype: torch.dtype | None) -> None:
         if not isinstance(device_type, str) or device_type in ("cpu", "mps", "xpu", "meta"):
             return
-        from ampkit.device import Device
         from ampkit.diagnose.instrument import StopRun  # here: instrument imports this module
-        from ampkit.hardware import card_facts
 
         inst = self.inst
         with inst.paused():
             if dtype is None:
                 try:
                     dtype = torch.get_autocast_dtype(device_type)
-                except Exception:  # noqa: BLE001 - an unknown backend: nothing to compare
+                except RuntimeError:  # an unknown backend: nothing to compare
                     return
             key = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
             if key is None:
                 return
-            dev = Device(device_type, 0)
-            facts = card_facts(dev)
-            if getattr(facts, key) is not False:
+            refusal = self._refusal(device_type, key)
+            if refusal is None:
                 return
             other = "fp16" if key == "bf16" else "bf16"
-            ok_other = getattr(facts, other)
-            name = dev.name
+            ok_other = self._refusal(device_type, other) is None
         inst.add(Finding(
             code="dtype-unsupported",
-            message=f"autocast to {key.upper()} on {name} ({facts.family}): the card table says this card cannot run "
-                    f"{key.upper()}" + (" (a tensor of that dtype can still be created, so "
-                                        "`is_bf16_supported()` may say True)" if key == "bf16" else ""),
+            message=f"autocast to {key.upper()}: {refusal}" + (" (a tensor of that dtype can still be created, so "
+                                                                "`is_bf16_supported()` may say True)" if key == "bf16" else ""),
             where=inst.user.where(2),
             fix=(f"use `dtype=torch.{'float16' if other == 'fp16' else 'bfloat16'}`"
                  + (" with a GradScaler" if other == "fp16" else "") + "; `ampkit doctor` lists what this card runs"
                  if ok_other else fix_for("dtype-unsupported")),
             step=inst.step))
-        raise StopRun(f"autocast to {key.upper()} is not supported on {name}")
+        raise StopRun(f"autocast to {key.upper()} is not supported on this {device_type} device")
+
+    def _refusal(self, device_type: str, key: str) -> str | None:
+        """Why ``key`` cannot run on ``device_type`` (None: it can), by the one precision decision,
+        :func:`ampkit.policy.resolve_precision` (card table, then the run-time probe); asked once per run."""
+        from ampkit.device import Device
+        from ampkit.errors import PrecisionUnsupported
+        from ampkit.policy import resolve_precision
+
+        if (device_type, key) not in self._decided:
+            try:
+                resolve_precision(key, Device(device_type, 0))
+                self._decided[(device_type, key)] = None
+            except PrecisionUnsupported as exc:
+                self._decided[(device_type, key)] = str(exc)
+        return self._decided[(device_type, key)]
 
     def wrap_autocast_enter(self, orig):
         inst = self.inst
 
         def __enter__(ac):
-            if not inst._paused and getattr(ac, "_enabled", False):
+            if not is_compiling() and not inst._paused and getattr(ac, "_enabled", False):
                 inst._step_dtypes.add((ac.device, ac.fast_dtype))
+                inst.step_dtypes_seen.add((ac.device, ac.fast_dtype))
             return orig(ac)
 
         return __enter__
+
+    # ------------------------------------------------------------------ losses
+    def wrap_bce(self, orig):
+        """``bce-under-autocast``: ``F.binary_cross_entropy`` (also what ``nn.BCELoss`` calls) under an
+        enabled autocast. CUDA and MUSA autocast refuse it (the runner maps that error); CPU autocast runs
+        it in FP32, so the script works here and fails on the accelerator: found at the call."""
+        inst = self.inst
+
+        def binary_cross_entropy(input, *args, **kwargs):
+            if not is_compiling() and not inst._paused and inst.mode == "diagnose" and isinstance(input, torch.Tensor):
+                dev = input.device.type
+                if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+                    with inst.paused():
+                        f = inst.user.frame(1)
+                    inst.add(Finding(
+                        code="bce-under-autocast",
+                        message=f"`binary_cross_entropy` (or `nn.BCELoss`) on {str(input.dtype).replace('torch.', '')} "
+                                f"probabilities under {dev} autocast: CUDA and MUSA autocast refuse it as unsafe (a "
+                                "sigmoid in low precision saturates to exactly 0 or 1, and the log then gives inf); "
+                                "CPU autocast runs it in FP32, so the script only fails on the accelerator",
+                        where=frame_where(f) if f is not None else "(not in the script's code)",
+                        fix=fix_for("bce-under-autocast"), step=inst.step), key=("bce-under-autocast",))
+            return orig(input, *args, **kwargs)
+
+        return binary_cross_entropy
 
     # ------------------------------------------------------------------ manual casts
     def _half_in_autocast(self, t: Any, what: str) -> None:
@@ -118,7 +156,7 @@ class CastChecks:
         inst, checks = self.inst, self
 
         def half(t, *args, **kwargs):
-            if not inst._paused and inst.mode == "diagnose" and t.is_floating_point():
+            if not is_compiling() and not inst._paused and inst.mode == "diagnose" and t.is_floating_point():
                 checks._half_in_autocast(t, "`.half()`")
             return orig(t, *args, **kwargs)
 
@@ -128,7 +166,7 @@ class CastChecks:
         inst, checks = self.inst, self
 
         def to(t, *args, **kwargs):
-            if (not inst._paused and inst.mode == "diagnose"
+            if (not is_compiling() and not inst._paused and inst.mode == "diagnose"
                     and (kwargs.get("dtype") is torch.float16 or any(a is torch.float16 for a in args))
                     and t.is_floating_point()):
                 checks._half_in_autocast(t, "`.to(torch.float16)`")
@@ -140,7 +178,7 @@ class CastChecks:
         inst, checks = self.inst, self
 
         def half(module):
-            if not inst._paused and inst.mode == "diagnose":
+            if not is_compiling() and not inst._paused and inst.mode == "diagnose":
                 with inst.paused():
                     checks._half_in_autocast(module, "`module.half()`")
             return orig(module)

@@ -23,9 +23,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ampkit.diagnose.opwatch import OpWatch
 from ampkit.diagnose.tracking import ModuleTracker, UserCode, tensor_leaves
 
-__all__ = ["fp16_range_report", "RangeReport", "ModuleRange", "RangeRecorder",
+__all__ = ["fp16_range_report", "RangeReport", "ModuleRange", "OpRange", "RangeRecorder", "recommended_scale",
            "FP16_MAX", "FP16_MIN_NORMAL_EXP", "FP16_MIN_SUBNORMAL_EXP"]
 
 FP16_MAX = 65504.0
@@ -54,6 +55,21 @@ class ModuleRange:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OpRange:
+    """An aten op inside ``module`` whose FP32 output exceeds FP16's max (``max``); when the module's own
+    output stays below it (``module_output_max``), FP16 would overflow there and the module absorb it."""
+
+    module: str
+    op: str
+    max: float
+    module_output_max: float | None
+
+    @property
+    def absorbed(self) -> bool:
+        return self.module_output_max is not None and self.module_output_max <= FP16_MAX
+
+
+@dataclass(frozen=True, kw_only=True)
 class RangeReport:
     """What FP16 would do to the recorded run; ``keep_fp32`` names the modules where an overflow starts."""
 
@@ -64,6 +80,8 @@ class RangeReport:
     underflow: tuple[str, ...]        # modules/params with >= 50 % of gradient elements flushed to 0 at scale 1
     steps: int
     notes: tuple[str, ...] = ()
+    op_overflow: tuple[OpRange, ...] = ()  # ops inside modules whose output exceeds 65504
+    fp32_modules: tuple[str, ...] = ()     # keep_fp32 as names inside the model (for --fp32-modules)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +124,22 @@ class RangeRecorder:
     def __init__(self, tracker: ModuleTracker) -> None:
         self.tracker = tracker
         self._acc: dict[tuple[int, str, str], _Acc] = {}  # (step, kind, name)
+        self._ops: dict[tuple[int, str, str], torch.Tensor] = {}  # (step, module, op) -> max |output|
         self.steps = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """The run stops before the current step's optimizer step: drop that step's partial records."""
+        self.closed = True
+        for key in [k for k in self._acc if k[0] >= self.steps]:
+            del self._acc[key]
+
+    def record_ops(self, maxima: dict[tuple[str, str], torch.Tensor]) -> None:
+        """The op watch's largest op outputs per (module, op) for the current step."""
+        if self.closed:
+            return
+        for (module, op), m in maxima.items():
+            self._ops[(self.steps, module, op)] = m
 
     def _get(self, kind: str, name: str, type_name: str) -> _Acc:
         key = (self.steps, kind, name)
@@ -117,7 +150,7 @@ class RangeRecorder:
 
     def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         outs = tensor_leaves(output)
-        if not outs:
+        if not outs or self.closed:
             return
         dev = outs[0].device
         acc = self._get("module", self.tracker.name(module), type(module).__name__)
@@ -142,6 +175,8 @@ class RangeRecorder:
 
     def record_params(self, params: Iterable[torch.Tensor]) -> None:
         """Parameter gradients at an optimizer step (FP16 autocast computes weight gradients in FP16)."""
+        if self.closed:
+            return
         for p in params:
             if p.grad is None or not p.grad.is_floating_point():
                 continue
@@ -166,10 +201,20 @@ class RangeRecorder:
         keep: tuple[str, ...] = ()
         notes = []
         used = sorted(per_step)
+        ops: dict[int, list[tuple[str, str, float]]] = {}
+        for (step, module, op), m in self._ops.items():
+            ops.setdefault(step, []).append((module, op, float(m.cpu())))
+        for step in ops:
+            per_step.setdefault(step, {})
         for step in sorted(per_step):
             origins = [name for (kind, name), v in per_step[step].items()
                        if kind == "module" and v[0] is not None and v[0] > FP16_MAX
                        and (v[1] is None or v[1] <= FP16_MAX)]
+            # An op inside a module overflows although the module's input fits FP16 (absorbed or not).
+            for module, op, m in ops.get(step, []):
+                inp = per_step[step].get(("module", module), (None, None))[1]
+                if m > FP16_MAX and (inp is None or inp <= FP16_MAX) and module not in origins:
+                    origins.append(module)
             if origins:
                 keep = tuple(n for n in origins if not any(o != n and o.startswith(n + ".") for o in origins))
                 used = [k for k in used if k <= step]
@@ -183,8 +228,8 @@ class RangeRecorder:
             hist = [sum(col) for col in zip(*hists)] if hists else None
             merged[key] = (_fmax([v[0] for v in vals]), _fmax([v[1] for v in vals]), _fmax([v[2] for v in vals]), hist)
         gmax = max((v[2] for v in merged.values() if v[2] is not None and math.isfinite(v[2])), default=0.0)
-        scale_exp = _MAX_SCALE_EXP if gmax <= 0 else min(_MAX_SCALE_EXP, math.floor(math.log2(FP16_MAX / _HEADROOM / gmax)))
-        scale = 2.0 ** scale_exp
+        scale = recommended_scale(gmax)
+        scale_exp = round(math.log2(scale))
         rows: list[ModuleRange] = []
         for (kind, name), type_name in order.items():
             if (kind, name) not in merged or all(v is None for v in merged[(kind, name)]):
@@ -207,8 +252,24 @@ class RangeRecorder:
             notes.append("the FP32 run itself produced inf/NaN: magnitudes after that point are not meaningful")
         if not rows:
             notes.append("no module ran: nothing recorded")
+        op_rows: dict[tuple[str, str], float] = {}
+        for step in used:
+            for module, op, m in ops.get(step, []):
+                if m > FP16_MAX:
+                    op_rows[(module, op)] = _fmax([op_rows.get((module, op)), m])
+        op_overflow = tuple(OpRange(module=mod, op=op, max=m, module_output_max=merged.get(("module", mod), (None,))[0])
+                            for (mod, op), m in op_rows.items())
         return RangeReport(modules=tuple(rows), recommended_scale=scale, keep_fp32=keep, overflow=overflow,
-                           underflow=under, steps=self.steps, notes=tuple(notes))
+                           underflow=under, steps=self.steps, notes=tuple(notes), op_overflow=op_overflow,
+                           fp32_modules=tuple(self.tracker.relative(n) for n in keep))
+
+
+def recommended_scale(gmax: float) -> float:
+    """The initial FP16 loss scale for gradients up to ``gmax``: the largest power of two that keeps
+    ``gmax * scale`` at most half of FP16's max, capped at GradScaler's default 2^16."""
+    if not gmax > 0 or not math.isfinite(gmax):
+        return 2.0 ** _MAX_SCALE_EXP
+    return 2.0 ** min(_MAX_SCALE_EXP, math.floor(math.log2(FP16_MAX / _HEADROOM / gmax)))
 
 
 def _share(hist: list[int] | None, max_exp: int, scale_exp: int) -> float | None:
@@ -237,8 +298,23 @@ def fp16_range_report(model: torch.nn.Module, batches: Iterable[Any],
     tracker = ModuleTracker(UserCode("/nonexistent-ampkit"))
     tracker.add_root(model, name)
     rec = RangeRecorder(tracker)
-    hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda m, a, kw, o: rec.record(m, a, kw, o), with_kwargs=True)
+    busy = [0]  # our own ops inside the hooks are not the model's
+    watch = OpWatch("range", tracker.name, lambda: busy[0] > 0)
+
+    def pre(m, a):
+        watch.push(m)
+
+    def post(m, a, kw, o):
+        watch.pop()
+        busy[0] += 1
+        try:
+            rec.record(m, a, kw, o)
+        finally:
+            busy[0] -= 1
+
+    mm = torch.nn.modules.module
+    handles = [mm.register_module_forward_pre_hook(pre),
+               mm.register_module_forward_hook(post, with_kwargs=True)]
     try:
         model.zero_grad(set_to_none=True)
         for i, (x, y) in enumerate(batches):
@@ -246,17 +322,22 @@ def fp16_range_report(model: torch.nn.Module, batches: Iterable[Any],
                 break
             dev = next((p.device.type for p in model.parameters()), "cpu")
             with torch.autocast(dev, enabled=False) if _has_autocast(dev) else contextlib.nullcontext():
-                loss = loss_fn(model(x), y)
+                with watch:
+                    out = model(x)
+                watch.stack.clear()
+                loss = loss_fn(out, y)
             loss.backward()
+            rec.record_ops(watch.take_maxima())
             rec.record_params(model.parameters())
             model.zero_grad(set_to_none=True)
     finally:
-        hook.remove()
+        for h in handles:
+            h.remove()
     return rec.report()
 
 
 def _has_autocast(dev: str) -> bool:
     try:
         return bool(torch.amp.is_autocast_available(dev))
-    except Exception:  # noqa: BLE001
+    except RuntimeError:  # a device string torch does not know
         return False

@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+from torch.compiler import is_compiling
 
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.tracking import frame_where
@@ -45,7 +46,7 @@ class HostReads:
 
         def make(orig):
             def read(t, *args, **kwargs):
-                if not inst._paused and inst.mode == "diagnose":
+                if not is_compiling() and not inst._paused and inst.mode == "diagnose":
                     reads.note_sync(t, name)
                 return orig(t, *args, **kwargs)
 

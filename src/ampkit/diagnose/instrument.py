@@ -25,6 +25,9 @@ optimizer steps by raising :class:`StopRun` (a ``BaseException``) from the step 
 from __future__ import annotations
 
 import contextlib
+import math
+import sys
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -32,11 +35,12 @@ import torch
 
 from ampkit.diagnose.casts import CastChecks
 from ampkit.diagnose.findings import Finding
-from ampkit.diagnose.fp16range import RangeRecorder
+from ampkit.diagnose.fp16range import RangeRecorder, recommended_scale
 from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.nonfinite import NonFiniteLocator
+from ampkit.diagnose.opwatch import OpWatch
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
-from ampkit.diagnose.tracking import ModuleTracker, UserCode
+from ampkit.diagnose.tracking import ModuleTracker, UserCode, is_ampkit_file
 
 __all__ = ["Instrumentation", "StopRun"]
 
@@ -55,13 +59,14 @@ class Instrumentation:
     records FP16 range statistics (``recorder``) instead.
     """
 
-    def __init__(self, script_dir: str, *, steps: int = 50, mode: str = "diagnose") -> None:
+    def __init__(self, script_dir: str, *, steps: int = 50, mode: str = "diagnose", watch_ops: bool = True) -> None:
         self.user = UserCode(script_dir)
         self.tracker = ModuleTracker(self.user)
         self.mode = mode
         self.max_steps = steps
         self.locator = NonFiniteLocator(self.tracker, self.paused)
         self.recorder = RangeRecorder(self.tracker) if mode == "range" else None
+        self.watch: OpWatch | None = OpWatch(mode, self.tracker.name, lambda: self._paused > 0) if watch_ops else None
         self.step = 0
         self.devices_seen: set[str] = set()
         self._findings: dict[tuple, Finding] = {}
@@ -69,6 +74,7 @@ class Instrumentation:
         self._in_scaler_step = False
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
         self._step_dtypes: set[tuple[str, torch.dtype]] = set()
+        self.step_dtypes_seen: set[tuple[str, torch.dtype]] = set()  # every enabled autocast of the run
         self._scaled_this_step = False
         self._undo: list[Callable[[], None]] = []
         self.scaler_checks = ScalerChecks(self)
@@ -148,26 +154,73 @@ class Instrumentation:
         self._patch(torch.Tensor, "half", casts.wrap_tensor_half)
         self._patch(torch.Tensor, "to", casts.wrap_tensor_to)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
+        self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
         for name in SYNC_NAMES:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
+        self._patch(warnings, "warn", self._wrap_warn)
+        self._patch(warnings, "showwarning", self._wrap_showwarning)
+
+    # ------------------------------------------------------------------ warnings
+    # A warning torch raises with stacklevel=2 from inside a function we wrap would name our wrapper's
+    # file; Python warnings skip ampkit's frames, C++ warnings (one level) are re-attributed at display.
+    def _wrap_warn(self, orig):
+        def warn(message, category=None, stacklevel=1, source=None, **kwargs):
+            if torch.compiler.is_compiling():
+                return orig(message, category, stacklevel + 1, source, **kwargs)
+            f = sys._getframe(1)
+            for _ in range(max(0, stacklevel - 1)):
+                if f.f_back is None:
+                    break
+                f = f.f_back
+            extra = 0
+            while f is not None and is_ampkit_file(f.f_code.co_filename):
+                f, extra = f.f_back, extra + 1
+            return orig(message, category, stacklevel + extra + 1, source, **kwargs)
+
+        return warn
+
+    def _wrap_showwarning(self, orig):
+        user = self.user
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if is_ampkit_file(filename):
+                f = user.frame(1)
+                if f is not None:
+                    filename, lineno, line = f.f_code.co_filename, f.f_lineno, None
+            return orig(message, category, filename, lineno, file, line)
+
+        return showwarning
 
     # ------------------------------------------------------------------ module hooks
+    # Both hooks return at once inside a torch.compile'd region: dynamo then traces nothing of ours
+    # (no graph breaks, no guards on our state, no recompiles); the compiled module's wrapper
+    # (OptimizedModule) runs its hooks eagerly, so its outputs are still checked.
     def _pre_hook(self, module, args):
-        if self._paused:
+        if torch.compiler.is_compiling() or self._paused:
             return None
         with self.paused():
             root = self.tracker.enter(module)
             if root and self.mode == "diagnose" and self.locator.before_root(module):
                 self._flush()
+            self._watch_enter(module, root)
         return None
 
-    def _fwd_hook(self, module, args, kwargs, output):
-        if self._paused:
+    def _fwd_hook(self, module, args, *rest):
+        # torch calls a global always_call hook as hook(module, args, result) when forward raised
+        # (even one registered with_kwargs), and as hook(module, args, kwargs, output) otherwise.
+        if torch.compiler.is_compiling() or self._paused:
             return None
+        raised = len(rest) != 2
         with self.paused():
             self.tracker.leave()
+            frame = self._watch_leave(module)
+            if raised:
+                return None
+            kwargs, output = rest
             if self.mode == "diagnose":
-                self.locator.record(module, args, kwargs, output, self.user.where(), self.step)
+                call = self.locator.record(module, args, kwargs, output, self.user.where(), self.step)
+                if frame is not None:
+                    frame.call = call
             else:
                 self.recorder.record(module, args, kwargs, output)
             dev = _first_device(output)
@@ -175,9 +228,58 @@ class Instrumentation:
                 self.devices_seen.add(dev)
         return None
 
+    # The op watch (opwatch.py) is pushed at a root module's forward and popped after it: in diagnose
+    # mode only when the root runs in FP16/BF16 (autocast or half parameters), in range mode always.
+    def _watch_enter(self, module, root: bool) -> None:
+        watch = self.watch
+        if watch is None:
+            return
+        compiled = _is_compiled(module)
+        if root and not compiled and (self.mode == "range" or _low_precision(module)):
+            watch.__enter__()
+            watch.active = True
+        if watch.active:
+            frame = watch.push(module)
+            if compiled:  # its forward is dynamo's: keep the mode out of the trace
+                frame.suspended = True
+                watch.__exit__(None, None, None)
+
+    def _watch_leave(self, module):
+        watch = self.watch
+        if watch is None or not watch.active:
+            return None
+        frame = watch.pop()
+        if frame is not None and frame.suspended:
+            watch.__enter__()
+        if self.tracker.depth == 0:
+            watch.active = False
+            watch.stack.clear()
+            watch.__exit__(None, None, None)
+        return frame
+
     def _flush(self) -> None:
-        for f in self.locator.flush(report_backward=not self._scaled_this_step):
+        flags = self.watch.take_flags() if self.watch is not None else []
+        for f in self.locator.flush(report_backward=not self._scaled_this_step, op_flags=flags):
             self.add(f, key=(f.code,))
+
+    def init_scale_hint(self) -> float | None:
+        """The FP16 initial loss scale this run calls for: the scale an enabled GradScaler settled at
+        (its backoffs found the largest scale without overflow), else the largest unscaled gradient
+        at half of FP16's max (capped at 2^16); None when neither can be measured."""
+        settled = self.scaler_checks.settled_scale()
+        if settled is not None:
+            return settled
+        grads = [p.grad for o in list(self._optimizers) for p in optimizer_params(o)
+                 if p.grad is not None and p.grad.is_floating_point() and p.grad.numel()]
+        if not grads:
+            return None
+        with self.paused(), torch.no_grad():
+            dev = grads[0].device
+            gmax = float(torch.stack([g.detach().abs().amax().float().to(dev) for g in grads]).amax())
+            if not math.isfinite(gmax):  # gradients already ruined: measure them in FP32 instead
+                return None
+            gmax /= self.scaler_checks.pending_scale()
+        return recommended_scale(gmax)
 
     # ------------------------------------------------------------------ optimizer steps
     def _wrap_opt_init(self, orig):
@@ -200,6 +302,10 @@ class Instrumentation:
         values once, run the per-step checks, count the step; stop when the budget is spent."""
         with self.paused():
             if self.mode == "range":
+                if self.step >= self.max_steps:  # the forward/backward of a step not taken: not counted
+                    self.recorder.close()
+                    raise StopRun(f"stopped after {self.max_steps} optimizer steps")
+                self.recorder.record_ops(self.watch.take_maxima() if self.watch is not None else {})
                 self.recorder.record_params(optimizer_params(optimizer))
             else:
                 self._flush()
@@ -215,11 +321,36 @@ class Instrumentation:
     def finish(self) -> None:
         """Flush what is pending and turn run-level observations into findings."""
         if self.mode != "diagnose":
+            if self.watch is not None:
+                self.recorder.record_ops(self.watch.take_maxima())
             return
         with self.paused():
             self._flush()
+            if self.locator.scale_pending:
+                scale = self.init_scale_hint()
+                self._findings = {k: f for k, f in zip(self._findings, self.locator.complete_fixes(
+                    list(self._findings.values()), scale))}
         self.host_reads.finish()
         self.scaler_checks.finish()
+
+
+def _is_compiled(module) -> bool:
+    """A ``torch.compile(module)`` wrapper (its forward runs under dynamo)."""
+    return type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod")
+
+
+def _low_precision(module) -> bool:
+    """The module runs in FP16/BF16: under an enabled autocast, or with half/bfloat16 parameters."""
+    p = next(module.parameters(), None)
+    dev = p.device.type if p is not None else "cpu"
+    try:
+        if torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) in (torch.float16, torch.bfloat16):
+            return True
+    except RuntimeError:  # a backend without autocast
+        pass
+    if dev != "cpu" and torch.is_autocast_enabled("cpu"):
+        return True
+    return p is not None and p.dtype in (torch.float16, torch.bfloat16)
 
 
 def _first_device(output: Any) -> str | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
 
@@ -26,6 +26,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.fixes import keep_fp32_fix
+from ampkit.diagnose.opwatch import OpFlag
 from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
 
 __all__ = ["NonFiniteLocator", "OpHit", "first_nonfinite_op", "FP16_MAX"]
@@ -40,7 +42,7 @@ class _Call:
     module: torch.nn.Module
     args: tuple
     kwargs: dict
-    flags: torch.Tensor  # bool[2] on the output's device: inputs finite, outputs finite
+    outs: list[torch.Tensor]  # floating outputs; checked at the flush, all at once
     autocast: tuple[str, bool, torch.dtype]
     where: str
     step: int
@@ -62,6 +64,7 @@ class OpHit:
     out_dtype: str
     input_max: tuple[float, ...]
     inputs_finite: bool
+    module: Any = field(default=None, compare=False)  # the innermost module running the op (re-run)
 
     def describe(self) -> str:
         mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
@@ -82,6 +85,7 @@ class _FirstNonFinite(TorchDispatchMode):
         super().__init__()
         self.hit: OpHit | None = None
         self.fallback: OpHit | None = None
+        self.stack: list[torch.nn.Module] = []  # modules running (filled by first_nonfinite_op's hooks)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -91,7 +95,8 @@ class _FirstNonFinite(TorchDispatchMode):
                 ins = tensor_leaves((args, kwargs or {}))
                 finite = all(bool(torch.isfinite(t).all()) for t in ins)
                 mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
-                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite)
+                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite,
+                            self.stack[-1] if self.stack else None)
                 if finite:
                     self.hit = hit
                 elif self.fallback is None:
@@ -100,10 +105,25 @@ class _FirstNonFinite(TorchDispatchMode):
 
 
 def first_nonfinite_op(fn: Callable[[], Any]) -> OpHit | None:
-    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite."""
+    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite,
+    with the innermost module that ran it."""
     mode = _FirstNonFinite()
-    with mode:
-        fn()
+
+    def enter(module, args):
+        mode.stack.append(module)
+
+    def leave(module, args, *rest):  # returns None: a forward hook's return value replaces the output
+        if mode.stack:
+            mode.stack.pop()
+
+    mm = torch.nn.modules.module
+    handles = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(leave, always_call=True)]
+    try:
+        with mode:
+            fn()
+    finally:
+        for h in handles:
+            h.remove()
     return mode.hit or mode.fallback
 
 
@@ -114,10 +134,14 @@ class NonFiniteLocator:
     def __init__(self, tracker: ModuleTracker, paused: Callable[[], contextlib.AbstractContextManager]) -> None:
         self.tracker = tracker
         self._paused = paused
+        self.scale_pending: dict[str, str] = {}  # FP16 keep-in-FP32 fix text -> module, until the scale is known
         self.calls: list[_Call] = []
         self.events: list[_GradEvent] = []
         self._roots_called: set[int] = set()
         self.done = False  # after the first finding, later non-finite values are its consequences
+        self.absorbed = False  # an overflow-absorbed finding was made (reported once per run)
+        self._last_grad: torch.Tensor | None = None
+        self._last_ok: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ recording
     def before_root(self, module: torch.nn.Module) -> bool:
@@ -126,21 +150,17 @@ class NonFiniteLocator:
         self._roots_called.add(id(module))
         return again and bool(self.calls or self.events)
 
-    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, where: str, step: int) -> None:
+    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, where: str,
+               step: int) -> _Call | None:
         if self.done:
-            return
+            return None
         outs = tensor_leaves(output)
         if not outs:
-            return
+            return None
         ins = tensor_leaves((args, kwargs))
         dev = outs[0].device
-        with torch.no_grad():
-            out_ok = torch.stack([torch.isfinite(t).all() for t in outs]).all()
-            in_ok = (torch.stack([torch.isfinite(t).all().to(dev) for t in ins]).all() if ins
-                     else torch.ones((), dtype=torch.bool, device=dev))
-            flags = torch.stack([in_ok, out_ok])
         ac = (dev.type, torch.is_autocast_enabled(dev.type), torch.get_autocast_dtype(dev.type))
-        call = _Call(module, args, kwargs, flags, ac, where, step)
+        call = _Call(module, args, kwargs, outs, ac, where, step)
         self.calls.append(call)
         if torch.is_grad_enabled():
             for t in outs:
@@ -149,12 +169,15 @@ class NonFiniteLocator:
             for t in ins:
                 if t.requires_grad:
                     t.register_hook(partial(self._grad_hook, call, "in"))
+        return call
 
     def _grad_hook(self, call: _Call, kind: str, grad: torch.Tensor) -> None:
         if grad is None or not grad.is_floating_point():
             return
-        with torch.no_grad():
-            self.events.append(_GradEvent(call, kind, torch.isfinite(grad).all()))
+        if grad is not self._last_grad:  # a module's input is often the previous one's output: one check
+            with torch.no_grad():
+                self._last_grad, self._last_ok = grad, torch.isfinite(grad).all()
+        self.events.append(_GradEvent(call, kind, self._last_ok))
         if kind == "out":
             call.grads_out.append(grad)
 
@@ -164,21 +187,41 @@ class NonFiniteLocator:
         self._roots_called.clear()
 
     # ------------------------------------------------------------------ reading
-    def flush(self, *, report_backward: bool = True) -> list[Finding]:
+    def flush(self, *, report_backward: bool = True, op_flags: list[OpFlag] | None = None) -> list[Finding]:
         """Read this step's flags (one transfer per device) and return at most one forward and one
         backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss:
-        inf gradients are then its business (see ``scale-collapse``)."""
+        inf gradients are then its business (see ``scale-collapse``). ``op_flags`` are the op
+        watch's FP16/BF16 op outputs of the step (``overflow-absorbed``)."""
         calls, events = self.calls, self.events
+        op_flags = op_flags or []
         self.calls, self.events = [], []
         self._roots_called.clear()
+        self._last_grad = self._last_ok = None
         findings: list[Finding] = []
-        if calls:
-            flags = _read([c.flags for c in calls])
-            bad = next((i for i, f in enumerate(flags) if not f[1]), None)
+        if calls or op_flags:
+            ok = finite_flags([t for c in calls for t in c.outs] + [f.tensor for f in op_flags])
+            outs_ok, pos = [], 0
+            for c in calls:
+                outs_ok.append(all(ok[pos:pos + len(c.outs)]))
+                pos += len(c.outs)
+            ops_ok = ok[pos:]
+            bad = next((i for i, good in enumerate(outs_ok) if not good), None)
+            op_bad = next((i for i, good in enumerate(ops_ok) if not good and op_flags[i].frame.call is not None), None)
             if bad is not None:
-                findings.append(self._forward_finding(calls[bad], bool(flags[bad][0])))
+                call = calls[bad]
+                inputs_ok = _inputs_finite(call)
+                if not inputs_ok and op_bad is not None:
+                    # The value went bad in functional code between submodules (e.g. the scores of an
+                    # attention block): the op watch names the module whose own forward ran that op.
+                    origin = op_flags[op_bad].frame.call
+                    if any(c is origin for c in calls) and _inputs_finite(origin):
+                        call, inputs_ok = origin, True
+                findings.append(self._forward_finding(call, inputs_ok))
                 self.done = True
                 return findings
+            if op_bad is not None and not self.absorbed:
+                findings.append(self._absorbed_finding(op_flags[op_bad]))
+                self.absorbed = True
         if events and report_backward:
             oks = _read([e.ok for e in events])
             bad = next((i for i, ok in enumerate(oks) if not ok), None)
@@ -210,13 +253,31 @@ class NonFiniteLocator:
         dt, enabled, dtype = call.autocast
         region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
         detail = f" at {hit.describe()}" if hit else ""
+        module, where, message = call.module, self._where(call), f"the output of {who} became inf/NaN{region}{detail}"
+        if hit is not None and hit.module is not None and hit.module is not getattr(module, "_orig_mod", module):
+            # Inside a torch.compile'd model (its submodules' hooks do not run there) the re-run names
+            # the innermost module that ran the op.
+            module = hit.module
+            where = f"{self.tracker.name(module)} · {call.where}"
+            message = (f"the output of {who} became inf/NaN{region}; it starts in {self.tracker.describe(module)} "
+                       f"at {hit.describe()}")
+        return Finding(code="nonfinite-forward", message=message, where=where,
+                       fix=_keep_fp32(self, call, module=module), step=call.step)
+
+    def _absorbed_finding(self, flag: OpFlag) -> Finding:
+        call = flag.frame.call
+        who = self.tracker.describe(call.module)
+        hit = self._rerun(call, backward=False)
+        dt, enabled, dtype = call.autocast
+        region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
+        op = hit.describe() if hit else f"`{flag.op}` ({str(flag.dtype).replace('torch.', '')})"
         return Finding(
-            code="nonfinite-forward",
-            message=f"the output of {who} became inf/NaN{region}{detail}",
+            code="overflow-absorbed",
+            message=f"an op inside {who}{region} produced inf/NaN while the module's output stayed finite: "
+                    f"{op}. A later op absorbed it (e.g. `x / inf` = 0), so the loss looks normal, the "
+                    "GradScaler never skips, and the result is silently wrong",
             where=self._where(call),
-            fix=f"keep `{name}` in FP32: `with torch.autocast({dt!r}, enabled=False): y = module(x.float())`; "
-                "or scale down its weights/inputs, or use BF16 where the card has it (`ampkit doctor`)",
-            step=call.step)
+            fix=_keep_fp32(self, call, measure_scale=True), step=call.step)
 
     def _backward_finding(self, event: _GradEvent) -> Finding:
         call = event.call
@@ -234,10 +295,17 @@ class NonFiniteLocator:
             message=f"the backward of {who} turned finite gradients into inf/NaN{detail}",
             where=self._where(call), fix=fix_for("nonfinite-backward"), step=call.step)
 
+    def complete_fixes(self, findings: list[Finding], init_scale: float | None) -> list[Finding]:
+        """The FP16 keep-in-FP32 fixes with the initial loss scale the run showed (None: not known)."""
+        if init_scale is None:
+            return findings
+        return [replace(f, fix=keep_fp32_fix(self.scale_pending[f.fix], init_scale)) if f.fix in self.scale_pending
+                else f for f in findings]
+
     # ------------------------------------------------------------------ re-running one module
     def _rerun(self, call: _Call, *, backward: bool) -> OpHit | None:
         """Run the module again on its saved inputs (same autocast state) and find the first bad op."""
-        module = call.module
+        module = getattr(call.module, "_orig_mod", call.module)  # a compiled model re-runs eagerly
         dev_type, enabled, dtype = call.autocast
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
         devices = [torch.device(dev_type).index or 0] if dev_type not in ("cpu", "meta") else []
@@ -255,12 +323,26 @@ class NonFiniteLocator:
                 if not ins or len(grads) != len(outs):
                     return None
                 return first_nonfinite_op(lambda: torch.autograd.grad(outs, ins, grads, allow_unused=True))
-        except Exception:  # noqa: BLE001 - a module that cannot be re-run still gets its finding
+        except Exception:  # noqa: BLE001 - user code of any kind: a module that cannot be re-run still gets its finding
             return None
         finally:
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+
+
+def _keep_fp32(locator: NonFiniteLocator, call: _Call, *, measure_scale: bool = False,
+               module: torch.nn.Module | None = None) -> str:
+    """The fix naming the module. With FP16 and ``measure_scale`` (the forward stays finite, so the
+    run's gradients and GradScaler mean something), :meth:`NonFiniteLocator.complete_fixes` adds the
+    initial loss scale at the end of the run; otherwise the fix points to ``--fp16-range`` for it."""
+    _, enabled, dtype = call.autocast
+    fp16 = dtype == torch.float16 if enabled else any(p.dtype == torch.float16 for p in call.module.parameters())
+    name = locator.tracker.relative_name(module if module is not None else call.module)
+    fix = keep_fp32_fix(name, None, fp16=fp16)
+    if fp16 and measure_scale:
+        locator.scale_pending[fix] = name
+    return fix
 
 
 def _producer(events: list[_GradEvent], oks: list[bool], first_bad: int) -> int:
@@ -291,14 +373,42 @@ def _detach(obj, *, requires_grad: bool):
     return obj
 
 
+def _inputs_finite(call: _Call) -> bool:
+    return all(finite_flags(tensor_leaves((call.args, call.kwargs))))
+
+
+def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
+    """Whether each tensor is all finite, read with one transfer per device: the max-norm of each
+    (inf/NaN propagate) in one ``_foreach_norm`` per (device, dtype), instead of two ops per tensor."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    flags: list[torch.Tensor] = [None] * len(groups)  # type: ignore[list-item]
+    order: list[list[int]] = []
+    with torch.no_grad():
+        for g, ((dev, _), idx) in enumerate(groups.items()):
+            norms = torch._foreach_norm([tensors[i].detach() for i in idx], float("inf"))
+            flags[g] = torch.isfinite(torch.stack(norms))
+            order.append(idx)
+    out: list[bool] = [True] * len(tensors)
+    for idx, values in zip(order, _read(flags)):
+        for i, v in zip(idx, values):
+            out[i] = bool(v)
+    return out
+
+
 def _read(flags: list[torch.Tensor]) -> list:
-    """Read many small device tensors with one transfer per device, keeping their order."""
+    """Read many small device tensors with one transfer per device, keeping their order (a 0-d flag
+    reads as a bool, a 1-d one as a list)."""
     by_dev: dict[torch.device, list[int]] = {}
     for i, f in enumerate(flags):
         by_dev.setdefault(f.device, []).append(i)
     out: list = [None] * len(flags)
     for idx in by_dev.values():
-        values = torch.stack([flags[i] for i in idx]).cpu().tolist()
-        for i, v in zip(idx, values):
-            out[i] = v
+        values = torch.cat([flags[i].reshape(-1) for i in idx]).cpu().tolist()
+        pos = 0
+        for i in idx:
+            n = flags[i].numel()
+            out[i] = values[pos] if flags[i].dim() == 0 else values[pos:pos + n]
+            pos += n
     return out

@@ -12,12 +12,16 @@ import os
 import runpy
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
+
+import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.fp16range import RangeReport
 from ampkit.diagnose.instrument import Instrumentation, StopRun
-from ampkit.errors import UsageError, first_line
+from ampkit.diagnose.tracking import is_ampkit_file, short_path
+from ampkit.errors import AmpkitError, UsageError, first_line
 
 __all__ = ["DiagnoseResult", "diagnose_script", "fp16_range_script"]
 
@@ -28,7 +32,8 @@ class DiagnoseResult:
 
     ``steps``: optimizer steps the script took; ``stopped``: why it ended (``"finished"``,
     ``"step budget"``, ``"exit N"``, ``"exception"`` or the reason a finding stopped it);
-    ``error``: the script's exception as one line, or None.
+    ``error``: the script's exception as one line, or None; ``traceback``: the script's own
+    traceback (its frames, without ampkit's and runpy's), or None.
     """
 
     script: str
@@ -36,6 +41,7 @@ class DiagnoseResult:
     steps: int
     stopped: str
     error: str | None = None
+    traceback: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -63,7 +69,9 @@ def _run(path: str, args: list[str], inst: Instrumentation) -> tuple[str, BaseEx
     sys.argv = [path, *args]
     sys.path[0:1] = [os.path.dirname(path)] if sys.path else [os.path.dirname(path)]
     try:
-        with inst:
+        with warnings.catch_warnings(), inst:
+            # torch warns that torch.compile(module) fires global hooks twice: those hooks are ours.
+            warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
             try:
                 runpy.run_path(path, run_name="__main__")
                 stopped, error = "finished", None
@@ -71,7 +79,7 @@ def _run(path: str, args: list[str], inst: Instrumentation) -> tuple[str, BaseEx
                 stopped, error = str(stop) or "stopped", None
             except SystemExit as exc:
                 code = exc.code
-                stopped = f"exit {code}" if code not in (None, 0) else "finished"
+                stopped = f"exit {_exit_status(code)}" if code not in (None, 0) else "finished"
                 error = exc if code not in (None, 0) else None
             except Exception as exc:  # noqa: BLE001 - the script's error is a result, not our crash
                 stopped, error = "exception", exc
@@ -79,6 +87,25 @@ def _run(path: str, args: list[str], inst: Instrumentation) -> tuple[str, BaseEx
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return stopped, error
+
+
+def _exit_status(code) -> int:
+    """The process exit status ``sys.exit(code)`` gives: an int as is, a message (printed) as 1."""
+    return code if isinstance(code, int) else 1
+
+
+def script_traceback(exc: BaseException, is_user_file) -> str:
+    """The traceback Python would print for the script: from its first frame on (runpy and ampkit's
+    runner frames above it dropped, and the frames of ampkit's wrappers inside it), with the
+    exception line(s) at the end."""
+    tb = exc.__traceback__
+    while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    frames = [f for f in traceback.extract_tb(tb) if not is_ampkit_file(f.filename)] if tb is not None else []
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip("\n")
 
 
 def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: int = 50,
@@ -97,12 +124,21 @@ def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: in
     full = _resolve(path)
     inst = Instrumentation(os.path.dirname(full), steps=steps, mode="diagnose")
     stopped, error = _run(full, list(args), inst)
+    tb = None
     if error is not None:
         mapped = _map_exception(error, inst, device)
         if mapped is not None and not inst.has(mapped.code):
             inst.add(mapped, key=(mapped.code,))
+        if not isinstance(error, SystemExit):
+            tb = script_traceback(error, inst.user.is_user_file)
     return DiagnoseResult(script=path, findings=tuple(inst.findings), steps=inst.step, stopped=stopped,
-                          error=None if error is None else first_line(error))
+                          error=None if error is None else _error_line(error), traceback=tb)
+
+
+def _error_line(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return f"SystemExit: {error.code}"
+    return first_line(error)
 
 
 def fp16_range_script(path: str, args: list[str] | tuple[str, ...] = (), steps: int = 5) -> tuple[RangeReport, str | None]:
@@ -124,8 +160,12 @@ def _script_where(exc: BaseException, inst: Instrumentation) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if inst.user.is_user_file(f.filename)]
     if not frames:
         return "(not in the script's code)"
-    f = frames[-1]
-    return f"{os.path.relpath(f.filename) if len(os.path.relpath(f.filename)) < len(f.filename) else f.filename}:{f.lineno}"
+    return f"{short_path(frames[-1].filename)}:{frames[-1].lineno}"
+
+
+# oneDNN (the CPU's kernels for LSTM/GRU, some convolutions) has no FP16 primitive for some ops.
+_NO_KERNEL_MARKERS = ("not implemented for 'bfloat16'", "not implemented for 'half'",
+                      "could not create a primitive descriptor")
 
 
 def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None) -> Finding | None:
@@ -137,25 +177,42 @@ def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None
     low = text.lower()
     where = _script_where(exc, inst)
     line = first_line(exc)
+    if isinstance(exc, SystemExit):
+        status = _exit_status(exc.code)
+        said = f"sys.exit({exc.code!r})" if isinstance(exc.code, int) else f"sys.exit({str(exc.code)[:120]!r})"
+        return Finding(code="script-exit", message=f"the script called {said}: exit status {status}, after "
+                       f"{inst.step} optimizer step(s)", where=where, fix=fix_for("script-exit"), step=inst.step)
     if "attempting to unscale fp16 gradients" in low:
         return Finding(code="fp16-params-with-scaler", message=f"the script raised {line}", where=where,
                        fix=fix_for("fp16-params-with-scaler"), step=inst.step)
     if "binary_cross_entropy" in low and "autocast" in low:
         return Finding(code="bce-under-autocast", message=f"the script raised {line}", where=where,
                        fix=fix_for("bce-under-autocast"), step=inst.step)
-    if "not implemented for 'bfloat16'" in low or "not implemented for 'half'" in low:
+    low_dtypes = {d for _, d in inst.step_dtypes_seen}
+    if any(m in low for m in _NO_KERNEL_MARKERS) and (low_dtypes or "not implemented for" in low):
         return Finding(code="dtype-unsupported",
                        message=f"an op has no kernel for this dtype on this device: {line}", where=where,
-                       fix=fix_for("dtype-unsupported"), step=inst.step)
+                       fix=_dtype_fix(low_dtypes, inst), step=inst.step)
     try:
         named = next((Device(t, 0) for t in ("musa", "cuda") if f"{t} error" in low), None)
         seen = next((Device(t, 0) for t in sorted(inst.devices_seen) if t != "cpu"), None)
         dev = parse_device(device) if device else named or seen or detect_device()
-    except Exception:  # noqa: BLE001 - a hint must not fail the report
+    except (AmpkitError, RuntimeError, ValueError):  # a hint must not fail the report
         dev = Device("cpu")
     device_error = any(m in low for m in _DEVICE_ERROR_MARKERS)
     hint = dev.rerun_hint()
     fix = (f"device errors are reported late and at the wrong line: rerun with `{hint} python SCRIPT ...` "
-           "to stop at the failing op and see the C++ stack" if device_error else
-           f"fix the error shown; to see the C++ stack of a torch error rerun with `{hint} python SCRIPT ...`")
+           "to stop at the failing op and see the C++ stack" if device_error else fix_for("script-error"))
     return Finding(code="script-error", message=f"the script raised {line}", where=where, fix=fix, step=inst.step)
+
+
+def _dtype_fix(low_dtypes: set, inst: Instrumentation) -> str:
+    """Name the dtype that works here: BF16 when the run used FP16 and this device has BF16 (the one
+    precision decision, :func:`ampkit.policy.supports`), else the registry's generic fix."""
+    from ampkit.policy import supports
+
+    dev = next((t for t in sorted(inst.devices_seen) if t != "cpu"), "cpu")
+    if torch.float16 in low_dtypes and supports("bf16", dev):
+        return (f"use BF16 here: `torch.autocast({dev!r}, dtype=torch.bfloat16)` (no GradScaler needed; "
+                f"`ampkit train --precision bf16`): this device has no FP16 kernel for the op")
+    return fix_for("dtype-unsupported")

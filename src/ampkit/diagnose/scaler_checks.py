@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.fixes import clip_fix
 
 if TYPE_CHECKING:
     from ampkit.diagnose.instrument import Instrumentation
@@ -194,6 +195,23 @@ class ScalerChecks:
 
         return update
 
+    def settled_scale(self) -> float | None:
+        """The scale of an enabled GradScaler that has updated at least once (None: no such scaler)."""
+        for scaler, st in self._enabled_scalers():
+            if st.updates:
+                with self.inst.paused():
+                    return float(scaler.get_scale())
+        return None
+
+    def pending_scale(self) -> float:
+        """The factor the current gradients carry: an enabled scaler's scale when it scaled this step's
+        loss and has not unscaled yet, else 1."""
+        for scaler, st in self._enabled_scalers():
+            if st.scaled_pending and not st.unscaled:
+                with self.inst.paused():
+                    return float(scaler.get_scale())
+        return 1.0
+
     def _enabled_scalers(self) -> list[tuple[Any, _ScalerState]]:
         return [(s, st) for s, st in list(self._scalers.items()) if s.is_enabled()]
 
@@ -207,13 +225,13 @@ class ScalerChecks:
             else:
                 parameters = list(parameters)
             if not inst._paused and inst.mode == "diagnose":
-                checks._check_clip(parameters)
+                checks._check_clip(parameters, orig.__name__)
             return orig(parameters, *args, **kwargs)
 
         clip.__wrapped__ = orig
         return clip
 
-    def _check_clip(self, parameters: list) -> None:
+    def _check_clip(self, parameters: list, function: str) -> None:
         inst = self.inst
         ids = {id(p) for p in parameters}
         owners = [o for o in list(inst._optimizers) if any(id(p) in ids for p in optimizer_params(o))]
@@ -223,10 +241,10 @@ class ScalerChecks:
             if not owners or any(id(o) not in st.unscaled for o in owners):
                 inst.add(Finding(
                     code="clip-before-unscale",
-                    message="gradients are clipped while still multiplied by the loss scale (the GradScaler scaled "
-                            "the loss and `scaler.unscale_(optimizer)` was not called before clipping): the clip "
-                            "threshold acts on scaled values, so it clips far too much or changes with the scale",
-                    where=inst.user.where(2), fix=fix_for("clip-before-unscale"), step=inst.step))
+                    message=f"`{function}` clips gradients still multiplied by the loss scale (the GradScaler "
+                            "scaled the loss and `scaler.unscale_(optimizer)` was not called before clipping): the "
+                            "clip threshold acts on scaled values, so it clips far too much or changes with the scale",
+                    where=inst.user.where(2), fix=clip_fix(function), step=inst.step))
                 return
 
     def wrap_save(self, orig):

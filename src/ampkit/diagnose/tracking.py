@@ -16,10 +16,15 @@ from types import FrameType
 
 import torch
 
-__all__ = ["UserCode", "ModuleTracker", "tensor_leaves"]
+__all__ = ["UserCode", "ModuleTracker", "tensor_leaves", "strip_compile_prefix", "short_path", "frame_where", "is_ampkit_file"]
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _AMPKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_ampkit_file(filename: str) -> bool:
+    """A file of ampkit itself (its frames are never the user's)."""
+    return os.path.abspath(filename).startswith(_AMPKIT_DIR)
 
 
 def tensor_leaves(obj) -> list[torch.Tensor]:
@@ -44,6 +49,7 @@ class UserCode:
     def __init__(self, script_dir: str) -> None:
         self.script_dir = os.path.abspath(script_dir) + os.sep
         self._cache: dict[str, bool] = {}
+        self._short: dict[str, str] = {}  # a run's where() is called per module call: one getcwd per file
 
     def is_user_file(self, filename: str) -> bool:
         hit = self._cache.get(filename)
@@ -71,7 +77,10 @@ class UserCode:
         f = self.frame(depth + 1)
         if f is None:
             return "(not in the script's code)"
-        return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+        name = self._short.get(f.f_code.co_filename)
+        if name is None:
+            name = self._short[f.f_code.co_filename] = short_path(f.f_code.co_filename)
+        return f"{name}:{f.f_lineno}"
 
     def caller_is_user(self, depth: int = 1) -> FrameType | None:
         """The frame ``depth`` levels above the caller when it is user code (a direct call), else None."""
@@ -83,12 +92,20 @@ class UserCode:
 
 
 def frame_where(f: FrameType) -> str:
-    return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+    return f"{short_path(f.f_code.co_filename)}:{f.f_lineno}"
 
 
-def _short(path: str) -> str:
-    rel = os.path.relpath(path)
-    return rel if len(rel) < len(path) and not rel.startswith(".." + os.sep + "..") else path
+def short_path(path: str) -> str:
+    """How every ``where`` names a file: relative to the current folder when the file is inside it,
+    else absolute (one form for script errors and findings alike)."""
+    full = os.path.abspath(path)
+    cwd = os.getcwd() + os.sep
+    return full[len(cwd):] if full.startswith(cwd) else full
+
+
+def strip_compile_prefix(name: str) -> str:
+    """``_orig_mod.encoder.2`` -> ``encoder.2``: the wrapper ``torch.compile`` adds is not the user's name."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
 
 
 class ModuleTracker:
@@ -102,6 +119,8 @@ class ModuleTracker:
         self.user = user
         self.depth = 0
         self._names: dict[int, tuple[weakref.ref, str]] = {}
+        self._rel: dict[int, tuple[weakref.ref, str]] = {}
+        self._by_full: dict[str, str] = {}
         self._params: dict[int, tuple[weakref.ref, str]] = {}
         self._roots: list[weakref.ref] = []
 
@@ -123,6 +142,18 @@ class ModuleTracker:
         name = self._lookup(self._names, module)
         return name if name is not None else f"<{type(module).__name__}>"
 
+    def relative(self, full_name: str) -> str:
+        """``model.encoder.2`` -> ``encoder.2`` for a name this tracker gave out (else unchanged)."""
+        return self._by_full.get(full_name, full_name)
+
+    def relative_name(self, module: torch.nn.Module) -> str:
+        """The module's qualified name inside its root model (what ``named_modules`` and
+        ``fp32_modules`` call it: ``encoder.2``), or the full name for a root."""
+        hit = self._rel.get(id(module))
+        if hit is not None and hit[0]() is module:
+            return hit[1]
+        return self.name(module)
+
     def param_name(self, param: torch.Tensor) -> str:
         name = self._lookup(self._params, param)
         return name if name is not None else f"<parameter {tuple(param.shape)}>"
@@ -143,14 +174,20 @@ class ModuleTracker:
         self._register_root(root, name)
 
     def _register_root(self, root: torch.nn.Module, name: str | None = None) -> None:
-        base = name or self._variable_name(root) or type(root).__name__
+        orig = getattr(root, "_orig_mod", None)  # torch.compile(model): the user's own variable names it
+        base = (name or (self._variable_name(orig) if isinstance(orig, torch.nn.Module) else None)
+                or self._variable_name(root) or type(root).__name__)
         self._roots.append(weakref.ref(root))
         for name, sub in root.named_modules():
+            name = strip_compile_prefix(name)
             if self._lookup(self._names, sub) is None:
                 self._names[id(sub)] = (weakref.ref(sub), f"{base}.{name}" if name else base)
+                if name:
+                    self._rel[id(sub)] = (weakref.ref(sub), name)
+                    self._by_full[f"{base}.{name}"] = name
         for name, p in root.named_parameters():
             if self._lookup(self._params, p) is None:
-                self._params[id(p)] = (weakref.ref(p), f"{base}.{name}")
+                self._params[id(p)] = (weakref.ref(p), f"{base}.{strip_compile_prefix(name)}")
 
     def _variable_name(self, module: torch.nn.Module) -> str | None:
         """The name the user's code binds the root to (``model``), looked up in user frames."""

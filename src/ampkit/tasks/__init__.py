@@ -67,6 +67,14 @@ class Task:
     where the device has it); ``make_scheduler(optimizer, total_steps)`` builds an LR scheduler that
     ``ampkit train`` steps once per optimizer step and keeps in its checkpoints (default: none).
     A batch may be a tensor or tuples, lists and dicts of tensors, nested.
+    ``graphable``: False when the model cannot be recorded as a device graph (it reads values on the host,
+    or its shapes change from batch to batch); ``ampkit train`` then runs it eagerly and says why.
+
+    >>> x, y = torch.randn(64, 4), torch.randn(64, 1)
+    >>> task = ampkit.Task(name="toy", model=torch.nn.Linear(4, 1), batch=lambda step: (x, y),
+    ...                    loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]))
+    >>> task.loss(task.model, task.batch(0)).shape
+    torch.Size([])
     """
 
     name: str
@@ -85,6 +93,7 @@ class Task:
     description: str = ""
     make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None
     make_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
+    graphable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -174,13 +183,22 @@ def _check_option_type(spec: str, key: str, value: Any, param: inspect.Parameter
                          f"got {value!r}")
 
 
-def load_task(spec: str, *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
-    """Build a task from a built-in name, ``FILE.py:factory`` or ``module:factory``.
+def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
+    """Build a task from a built-in name, ``FILE.py:factory``, ``module:factory`` or the factory itself.
 
     The factory is called as ``factory(seed=seed, **options)`` (``seed`` only if it accepts one),
     under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone.
+
+    >>> task = ampkit.load_task("digits", seed=0)
+    >>> task.name, task.metric
+    ('digits', 'accuracy')
     """
-    factory = _resolve_factory(spec)
+    if callable(spec):
+        factory, spec = spec, getattr(spec, "__name__", type(spec).__name__)
+    elif isinstance(spec, str):
+        factory = _resolve_factory(spec)
+    else:
+        raise UsageError(f"a task is a spec string or a factory(seed=...) -> ampkit.Task, got {type(spec).__name__}")
     options = dict(options or {})
     params = inspect.signature(factory).parameters
     accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -29,72 +29,21 @@ Categories of an op (views, detaches and allocations are not counted):
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from ampkit.device import Device, parse_device
 from ampkit.errors import UsageError
 from ampkit.policy import Precision, resolve_precision
+from ampkit.verify.record import (BACKWARD, CATEGORIES, LOW, OUTSIDE, OpRecord, _AutocastState,  # noqa: F401
+                                  _dtype_name, _first_tensor, _module_hooks, _Recorder, _SHORT, _State)
 
-__all__ = ["audit", "audit_task", "AuditResult", "OpRecord", "Surprise", "CATEGORIES"]
-
-CATEGORIES = ("low", "promoted", "fp32", "fp64", "cast")
-LOW = (torch.float16, torch.bfloat16)
-OUTSIDE = "(outside the model)"
-BACKWARD = "(backward)"
-_SHORT = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "bfloat16": "BF16"}
-
-# Ops that move or allocate memory without computing: not counted.
-_NO_COMPUTE = {
-    "detach", "alias", "lift_fresh", "lift_fresh_copy", "empty", "empty_like", "empty_strided", "zeros", "ones",
-    "zeros_like", "ones_like", "full", "full_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones",
-    "new_full", "fill_", "zero_", "clone", "_unsafe_view", "contiguous", "scalar_tensor", "arange",
-    "_local_scalar_dense", "set_", "resize_", "copy", "randperm", "_to_copy_noop",
-}
-_CASTS = {"_to_copy", "copy_", "to", "_to_dtype", "to_dtype"}
-# Matmul-like ops whose FLOPs torch's flop counter knows; anything else in the registry counts too.
-_MATMUL_NAMES = {
-    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution", "convolution_backward",
-    "_scaled_mm", "_slow_conv2d_forward", "cudnn_convolution", "convolution_overrideable",
-}
-
-
-def _flop_registry() -> dict[Any, Callable[..., int]]:
-    try:  # semi-private but stable since torch 2.1; without it FLOPs are simply 0
-        from torch.utils.flop_counter import flop_registry
-    except ImportError:  # pragma: no cover
-        return {}
-    return flop_registry
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-@dataclass(frozen=True)
-class OpRecord:
-    """One aten op as it ran: where (module path), when (forward/backward), in which dtypes."""
-
-    op: str
-    module: str
-    module_type: str
-    phase: str
-    category: str
-    in_dtypes: tuple[str, ...]
-    out_dtypes: tuple[str, ...]
-    flops: int
-    autocast: bool
-    matmul: bool
-
+__all__ = ["audit", "audit_task", "AuditResult", "OpRecord", "Surprise", "CATEGORIES", "OUTSIDE", "BACKWARD"]
 
 @dataclass(frozen=True)
 class Surprise:
@@ -127,6 +76,7 @@ class AuditResult:
     forward_matmul_flops: int
     forward_low_matmul_flops: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    declared: tuple[dict[str, Any], ...] = ()  # FP32 regions declared with fp32_modules: how each ran
 
     @property
     def matmul_share(self) -> float | None:
@@ -193,6 +143,7 @@ class AuditResult:
             "by_module": self.by_module(),
             "by_op": self.by_op(),
             "surprises": [asdict(s) for s in self.surprises],
+            "declared": [dict(d) for d in self.declared],
             "notes": list(self.notes),
         }
 
@@ -208,129 +159,6 @@ def _dominant(row: dict[str, Any]) -> str:
     if not present:
         return "cast" if row.get("cast") else "-"
     return present[0] if len(present) == 1 else "mixed"
-
-
-# ---------------------------------------------------------------------------------------- recording
-class _State:
-    def __init__(self, names: dict[int, tuple[str, str]], root_type: str) -> None:
-        self.stack: list[tuple[str, str]] = []
-        self.names = names
-        self.root_type = root_type
-        self.phase = "forward"
-        self.autocast_at_call = False
-        self.recording = True
-        self.root_output: Any = None
-        self.records: list[OpRecord] = []
-        self.from_low = WeakTensorKeyDictionary()  # FP32 tensors that carry low-precision values
-
-
-class _AutocastState(TorchFunctionMode):
-    """Notes whether autocast was on when each torch function was called (the dispatcher can't tell)."""
-
-    def __init__(self, state: _State, device_type: str) -> None:
-        super().__init__()
-        self.state = state
-        self.device_type = device_type
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        prev = self.state.autocast_at_call
-        self.state.autocast_at_call = torch.is_autocast_enabled(self.device_type)
-        try:
-            return func(*args, **(kwargs or {}))
-        finally:
-            self.state.autocast_at_call = prev
-
-
-class _Recorder(TorchDispatchMode):
-    def __init__(self, state: _State) -> None:
-        super().__init__()
-        self.state = state
-        self.flops = _flop_registry()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if self.state.recording:
-            try:
-                self._record(func, args, kwargs, out)
-            except Exception:  # noqa: BLE001 - never let bookkeeping break the user's model
-                pass
-        return out
-
-    def _record(self, func, args, kwargs, out) -> None:
-        st = self.state
-        name = func.overloadpacket.__name__
-        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        carried = any(t.dtype in LOW or t in st.from_low for t in ins if t.is_floating_point())
-        if func.is_view or name in _NO_COMPUTE:
-            if carried:  # a view of a low-precision-derived tensor stays derived
-                for t in outs:
-                    if t.dtype == torch.float32:
-                        st.from_low[t] = True
-            return
-        in_f = [t.dtype for t in ins if t.is_floating_point()]
-        out_f = [t.dtype for t in outs if t.is_floating_point()]
-        if not out_f:
-            return  # integer/bool results (argmax, comparisons): not a precision question
-        if name in _CASTS:
-            if set(in_f) == set(out_f):
-                return
-            category = "cast"
-        elif any(d in LOW for d in out_f):
-            category = "low"
-        elif torch.float64 in out_f:
-            category = "fp64"
-        elif carried:
-            category = "promoted"
-        else:
-            category = "fp32"
-        if carried or category == "cast" and any(d in LOW for d in in_f):
-            for t in outs:
-                if t.dtype == torch.float32:
-                    st.from_low[t] = True
-        flops = 0
-        packet = func.overloadpacket
-        is_mm = name in _MATMUL_NAMES or packet in self.flops
-        if packet in self.flops:
-            with contextlib.suppress(Exception):
-                flops = int(self.flops[packet](*args, **kwargs, out_val=out))
-        if st.phase == "backward":
-            module, mtype = BACKWARD, ""
-        elif st.stack:
-            module, mtype = st.stack[-1]
-        else:
-            module, mtype = OUTSIDE, ""
-        st.records.append(OpRecord(
-            op=name, module=module, module_type=mtype, phase=st.phase, category=category,
-            in_dtypes=tuple(_dtype_name(d) for d in in_f), out_dtypes=tuple(_dtype_name(d) for d in out_f),
-            flops=flops, autocast=bool(st.autocast_at_call and st.phase == "forward"), matmul=is_mm,
-        ))
-
-
-@contextlib.contextmanager
-def _module_hooks(model: nn.Module, state: _State) -> Iterator[None]:
-    handles = []
-    for name, mod in model.named_modules():
-        label = name or f"({type(mod).__name__})"
-        entry = (label, type(mod).__name__)
-
-        def pre(_m, _inp, entry=entry):
-            state.stack.append(entry)
-
-        def post(_m, _inp, out, entry=entry, root=name == ""):
-            if state.stack and state.stack[-1] == entry:
-                state.stack.pop()
-            if root and state.root_output is None and state.phase == "forward":
-                state.root_output = _first_tensor(out)
-
-        handles.append(mod.register_forward_pre_hook(pre))
-        handles.append(mod.register_forward_hook(post, always_call=True))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 # ---------------------------------------------------------------------------------------- analysis
@@ -386,8 +214,28 @@ def _surprises(records: list[OpRecord], model: nn.Module, precision: Precision) 
     return found
 
 
-def _first_tensor(obj: Any) -> torch.Tensor | None:
-    return next((t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)), None)
+def _in_region(module: str, names: tuple[str, ...]) -> str | None:
+    """The declared region ``module`` runs in (itself or an ancestor), or None."""
+    return next((n for n in names if module == n or module.startswith(n + ".")), None)
+
+
+def _declared(records: list[OpRecord], names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One entry per declared FP32 region: how its forward ops ran (they should be ``fp32``/``promoted``)."""
+    out = []
+    for name in names:
+        ops = [r for r in records if r.phase == "forward" and r.category != "cast" and _in_region(r.module, (name,))]
+        row = {c: sum(1 for r in ops if r.category == c) for c in CATEGORIES}
+        ran_in = _dominant(row) if ops else "-"
+        out.append({"module": name, "ops": len(ops), "ran_in": ran_in,
+                    "matmul_flops": sum(r.flops for r in ops if r.matmul),
+                    "message": f"'{name}' is a declared FP32 region (fp32_modules): autocast off, inputs cast to FP32; "
+                               f"its {len(ops)} forward op(s) ran in {ran_in}"})
+    return out
+
+
+def _split_declared(found: list[Surprise], names: tuple[str, ...]) -> list[Surprise]:
+    """FP32 matmuls inside a declared region are what was asked for: not surprises."""
+    return [s for s in found if not (s.kind == "fp32-matmul-in-autocast" and _in_region(s.module, names))]
 
 
 def _device_of(model: nn.Module, device: Device | str | None) -> Device:
@@ -411,11 +259,13 @@ def _to(obj: Any, dev: torch.device) -> Any:
 
 
 def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor | None],
-         precision: Precision, *, record_loss: bool = True) -> AuditResult:
+         precision: Precision, *, record_loss: bool = True, fp32_modules: Any = None) -> AuditResult:
     state = _State({}, type(model).__name__)
     saved_grads = {id(p): p.grad for p in model.parameters()}
     notes: list[str] = []
     output_dtype = None
+    regions = _regions(model, fp32_modules, precision)
+    names = tuple(regions.names) if regions is not None else ()
     try:
         with _module_hooks(model, state), _AutocastState(state, precision.device.type), _Recorder(state):
             with precision.autocast():
@@ -431,6 +281,8 @@ def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], 
             else:
                 notes.append("no backward pass: the output does not require grad")
     finally:
+        if regions is not None:
+            regions.remove()
         for p in model.parameters():
             p.grad = saved_grads.get(id(p))
     records = state.records
@@ -442,13 +294,23 @@ def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], 
         device=str(precision.device),
         output_dtype=output_dtype,
         ops=tuple(records),
-        surprises=tuple(_surprises(records, model, precision)),
+        surprises=tuple(_split_declared(_surprises(records, model, precision), names)),
         matmul_flops=sum(r.flops for r in mm),
         low_matmul_flops=sum(r.flops for r in mm if r.category == "low"),
         forward_matmul_flops=sum(r.flops for r in fwd),
         forward_low_matmul_flops=sum(r.flops for r in fwd if r.category == "low"),
         notes=tuple(notes),
+        declared=tuple(_declared(records, names)),
     )
+
+
+def _regions(model: nn.Module, fp32_modules: Any, precision: Precision) -> Any:
+    """The FP32 regions' hooks on ``model`` for the audited pass (None without ``fp32_modules``)."""
+    if not fp32_modules:
+        return None
+    from ampkit.regions import apply_fp32_regions
+
+    return apply_fp32_regions(model, fp32_modules, device_type=precision.device.type)
 
 
 def _resolve(precision: Precision | str, device: Device) -> Precision:
@@ -458,7 +320,8 @@ def _resolve(precision: Precision | str, device: Device) -> Precision:
 
 
 def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str = "auto",
-          loss_fn: Callable[[Any], torch.Tensor] | None = None, device: Device | str | None = None) -> AuditResult:
+          loss_fn: Callable[[Any], torch.Tensor] | None = None, device: Device | str | None = None,
+          fp32_modules: Any = None) -> AuditResult:
     """Run ``model`` once forward and backward under autocast and record the dtype of every op.
 
     Args:
@@ -469,6 +332,8 @@ def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str =
         loss_fn: ``loss_fn(output) -> scalar`` run under autocast, as in training. Default: the sum of
             the output (computed in FP32 and not recorded), only to drive the backward pass.
         device: where to run (default: where the model's parameters are).
+        fp32_modules: FP32 regions declared as in training (names, globs, types, ``"preset:norm"``; see
+            :mod:`ampkit.regions`): they are reported in ``declared``, not as surprises.
 
     >>> r = audit(torch.nn.Linear(4, 4), torch.randn(2, 4), precision="bf16")   # doctest: +SKIP
     >>> r.output_dtype                                                          # doctest: +SKIP
@@ -490,11 +355,16 @@ def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str =
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
         return sum(t.float().sum() for t in tensors) if tensors else None
 
-    return _run(model, forward, loss_fn or default_loss, prec, record_loss=loss_fn is not None)
+    return _run(model, forward, loss_fn or default_loss, prec, record_loss=loss_fn is not None,
+                fp32_modules=fp32_modules)
 
 
-def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device | str | None = None) -> AuditResult:
-    """Audit ``task.loss(model, batch)`` on the task's first batch, forward and backward (``ampkit audit --task``)."""
+def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device | str | None = None,
+               fp32_modules: Any = None) -> AuditResult:
+    """Audit ``task.loss(model, batch)`` on the task's first batch, forward and backward (``ampkit audit --task``).
+
+    ``fp32_modules``: the run's FP32 regions (see :func:`audit`), reported as declared, not as surprises.
+    """
     from ampkit.device import detect_device
     from ampkit.trainer import batch_to
 
@@ -505,6 +375,6 @@ def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device
     was_training = model.training
     model.train()
     try:
-        return _run(model, lambda: task.loss(model, batch), lambda loss: loss, prec)
+        return _run(model, lambda: task.loss(model, batch), lambda loss: loss, prec, fp32_modules=fp32_modules)
     finally:
         model.train(was_training)

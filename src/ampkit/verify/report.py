@@ -157,8 +157,36 @@ def _scale_plot(r: "CompareResult") -> bytes | None:
     return _png(fig)
 
 
+def _module_error_plot(r: "CompareResult") -> bytes | None:
+    """compare --explain: the error each module adds (forward and backward, relative to FP32), log scale."""
+    rows = [m for m in (r.explain or {}).get("ranking", []) if not m["module"].startswith("(")][:12]
+    if not rows:
+        return None
+    floor = 1e-6
+    cap = 10.0  # inf/NaN (None) drawn at the right edge, in red
+    fig = _figure(7.6, 0.9 + 0.32 * len(rows))
+    ax = fig.add_subplot()
+    ys = list(range(len(rows)))[::-1]
+    for off, key, color in ((0.18, "fwd", AMP_COLOR), (-0.18, "bwd", SCALE_COLOR)):
+        vals = [cap if m.get(key) is None and m.get("added") is None else max(m.get(key) or floor, floor) for m in rows]
+        colors = [FAIL_COLOR if m.get("events") else color for m in rows]
+        ax.barh([y + off for y in ys], vals, height=0.34, color=colors, alpha=0.9 if key == "fwd" else 0.6)
+    ax.set_xscale("log")
+    ax.set_yticks(ys, [f"{m['module']} ({m['type']})" for m in rows], fontsize=8)
+    ax.set_xlabel("relative error this module adds (one batch, same weights as FP32)", fontsize=8)
+    ax.set_title(f"Per-module error of {r.precision.upper()} against FP32", fontsize=10, loc="left")
+    _style(ax)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=AMP_COLOR, alpha=0.9, label="forward (output)"),
+                       Patch(color=SCALE_COLOR, alpha=0.6, label="backward (gradients)"),
+                       Patch(color=FAIL_COLOR, alpha=0.9, label="overflow / underflow inside")],
+              fontsize=8, frameon=False, loc="lower right")
+    return _png(fig)
+
+
 def plot_pngs(r: "CompareResult") -> dict[str, bytes]:
-    """``{file name: PNG bytes}`` for the figures this result has (scale only for FP16)."""
+    """``{file name: PNG bytes}`` for the figures this result has (scale only for FP16, modules with explain)."""
     out = {"loss.png": _loss_plot(r)}
     scale = _scale_plot(r)
     if scale:
@@ -167,6 +195,9 @@ def plot_pngs(r: "CompareResult") -> dict[str, bytes]:
     if metric:
         out["metric.png"] = metric
     out["throughput.png"] = _perf_plot(r)
+    modules = _module_error_plot(r)
+    if modules:
+        out["modules.png"] = modules
     return out
 
 
@@ -282,6 +313,48 @@ def _audit_section(audit: dict[str, Any] | None) -> str:
             f'<span class="tag fp64">fp64</span> FP64</p></section>')
 
 
+def _explain_section(r: "CompareResult", pngs: dict[str, bytes]) -> str:
+    e = r.explain
+    if not e:
+        return ""
+    rec = e.get("recommendation")
+    head = (f'<div class="warn"><b>Recommended: <code>{_e(rec["flags"])}</code></b> ({_e(rec["change"])}, PASS in '
+            f'the reruns)<br><code>{_e(rec["compare_command"])}</code><br>Python: <code>{_e(rec["python"])}</code>'
+            f'</div>' if rec else "")
+    lines = "".join(f"<li>{_e(x)}</li>" for x in e.get("summary", []))
+    rows = "".join(
+        f'<tr><td>{_e(c["change"])}</td><td><span class="tag {"low" if c["verdict"] == "pass" else "fp64"}">'
+        f'{_e(c["verdict"])}</span></td><td class="num">{_e(_ratio(c.get("speed_vs_amp")))}</td>'
+        f'<td class="num">{_e(_ratio(c.get("memory_vs_amp")))}</td><td class="num">{c.get("wall_s", 0):.0f} s</td>'
+        f'<td>{_e("; ".join(c.get("reasons", [])[:1]))}</td></tr>' for c in e.get("candidates", []))
+    table = (f'<table><tr><th>candidate</th><th>verdict</th><th>speed vs {r.precision.upper()}</th>'
+             f'<th>memory vs {r.precision.upper()}</th><th>time</th><th>why</th></tr>{rows}</table>' if rows else "")
+    img = _img("modules.png", pngs["modules.png"], "per-module error") if "modules.png" in pngs else ""
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in e.get("notes", []))
+    return (f'<section id="explain"><h2>Explain: where the error comes from, and what fixes it</h2>{head}'
+            f'<ul>{lines}</ul>{img}{table}{notes}<p class="note">{e.get("wall_s", 0):.0f} s of a '
+            f'{e.get("budget_s", 0):.0f} s budget.</p></section>')
+
+
+def _regions_section(r: "CompareResult") -> str:
+    if not r.regions:
+        return ""
+    rows = "".join(f'<tr><td><code>{_e(x["spec"])}</code></td><td>{_e(", ".join(x["names"]))}</td>'
+                   f'<td class="num">{x["step_s_added"] * 1e3:+.2f} ms</td><td class="num">{_e(_ratio(x.get("slowdown")))}'
+                   f'</td><td class="num">{_e(_mib(x.get("memory_added_bytes")))}</td></tr>' for x in r.regions["per_region"])
+    return (f'<section id="regions"><h2>FP32 regions and their cost</h2><table><tr><th>spec</th><th>modules</th>'
+            f'<th>time per step</th><th>slowdown</th><th>memory</th></tr>{rows}</table>'
+            f'<p class="note">{_e(r.regions.get("method", ""))}</p></section>')
+
+
+def _mib(v: Any) -> str:
+    return "n/a" if v is None else f"{v / 2**20:+,.1f} MiB"
+
+
+def _ratio(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
 def render_html(r: "CompareResult", pngs: dict[str, bytes]) -> str:
     """The whole page as a string (images embedded)."""
     amp = r.precision.upper()
@@ -322,7 +395,9 @@ def render_html(r: "CompareResult", pngs: dict[str, bytes]) -> str:
 <div class="verdict {_e(r.verdict)}" id="verdict"><h1>{verdict}</h1><p>{sub}</p>{body}</div>
 <div class="cards">{_cards(r)}</div>
 {f'<section id="warnings"><h2>Warnings and notes</h2>{warns}{notes}</section>' if warns or notes else ''}
+{_explain_section(r, pngs)}
 {''.join(figs)}
+{_regions_section(r)}
 {_audit_section(r.audit)}
 <footer>ampkit compare · {_e(r.precision_reason)}<br>{_e(versions)} · {r.wall_s:.0f} s</footer>
 </main><script>{_SCRIPT}</script></body></html>

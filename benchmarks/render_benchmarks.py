@@ -1,0 +1,446 @@
+"""Render BENCHMARKS.md from the result files in benchmarks/results/*.json.
+
+    python benchmarks/render_benchmarks.py            # rewrite BENCHMARKS.md
+    python benchmarks/render_benchmarks.py --check    # exit 1 if BENCHMARKS.md is not what the results give
+    python benchmarks/render_benchmarks.py --stamp benchmarks/results/NEW.json   # record the git commit in it
+
+One current table per workload: for every row (precision, mode, runner) the newest file that measured
+it, with that file's commit, date, card, torch version and command. The dated lab notebook of the
+first runs is benchmarks/results/HISTORY.md; it is not generated.
+
+Every result file must carry ``git_commit``: ``--stamp`` writes ``git rev-parse HEAD`` (with
+``-dirty`` when the working tree has changes) into files that lack it. Files recorded before the field
+existed say ``"unknown (before 2026-12-01)"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUTPUT = ROOT / "BENCHMARKS.md"
+
+RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", "accelerate", "fabric")
+RUNNER_NAMES = {"plain": "hand-written loop", "ampkit": "ampkit", "ampkit-graph": "ampkit whole-step graph",
+                "lesson": "the lesson's loop", "accelerate": "Accelerate", "fabric": "Lightning Fabric"}
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+class ResultError(ValueError):
+    """A result file that cannot be rendered; the message names the file and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def kind_of(data: dict) -> str:
+    if "rows" in data and "model" in data:
+        return "bench"
+    if "verdict" in data and "curves" in data:
+        return "compare"
+    if "recommended" in data and "dtypes" in data:
+        return "doctor"
+    if "throughput_samples_per_s" in data:
+        return "distributed"
+    if "benchmark" in data and isinstance(data.get("results"), list) and "summary" in data:
+        return "rounds"  # a script under benchmarks/ that measures configurations in rounds (e.g. fp8_h200.py)
+    raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json "
+                      "or the distributed summary)")
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def load_results(folder: Path = RESULTS) -> list[dict]:
+    """Every result file, with ``_file`` and ``_kind`` added."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ResultError("not a JSON object")
+            if not data.get("git_commit") and (data.get("versions") or {}).get("git_commit"):
+                data["git_commit"] = data["versions"]["git_commit"]  # `ampkit bench --json` records it there
+            if not data.get("git_commit"):
+                raise ResultError("no git_commit: record it with "
+                                  f"`python benchmarks/render_benchmarks.py --stamp {_rel(path)}`")
+            data["_kind"] = kind_of(data)
+        except (json.JSONDecodeError, ResultError) as exc:
+            raise ResultError(f"{_rel(path)}: {exc}") from None
+        data["_file"] = path.name
+        out.append(data)
+    return out
+
+
+def _date(data: dict) -> str:
+    return str(data.get("date") or "not recorded")
+
+
+def _card(data: dict) -> str:
+    device = data.get("device")
+    if isinstance(device, dict) and device.get("name"):
+        return device["name"]
+    return data.get("card") or data.get("machine") or "not recorded"
+
+
+def _torch(data: dict) -> str:
+    return (data.get("versions") or {}).get("torch") or "not recorded"
+
+
+def _commit(data: dict) -> str:
+    commit = data["git_commit"]
+    return f"`{commit[:12]}`" if all(c in "0123456789abcdef" for c in commit[:12]) else commit
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+def _ms(value: float | None) -> str:
+    if value is None:
+        return ""
+    if value < 1:
+        return f"{value * 1000:.0f} us"
+    return f"{value:.1f}" if value >= 100 else f"{value:.2f}"
+
+
+def _rate(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None or value < 1e-4 else f"{value * 100:.1f} %"
+
+
+def _mib(value: int | None) -> str:
+    return "" if value is None else f"{value / 2**20:,.1f}"
+
+
+def _signed_bytes(value: int | None) -> str:
+    return "" if value is None else ("0" if value == 0 else f"{value:+,d}")
+
+
+def _ratio(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _cell(text: object) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+class Sources:
+    """The files a table draws on, each with a letter for the `source` column."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[str, dict]] = {}
+
+    def ref(self, data: dict) -> str:
+        name = data["_file"]
+        if name not in self.files:
+            self.files[name] = ("abcdefghijklmnopqrstuvwxyz"[len(self.files)], data)
+        return self.files[name][0]
+
+    def render(self, method) -> list[str]:
+        lines = ["| source | file | commit | date | card | torch | method |", "|---|---|---|---|---|---|---|"]
+        for name, (letter, data) in self.files.items():
+            lines.append(f"| {letter} | `{name}` | {_commit(data)} | {_date(data)} | {_cell(_card(data))} | "
+                         f"{_torch(data)} | {_cell(method(data))} |")
+        return lines
+
+
+# ---------------------------------------------------------------------------------------------- bench
+def _bench_method(data: dict) -> str:
+    s = data.get("settings", {})
+    peak = data.get("peak") or {}
+    rate = f"; matmul rate {peak['tflops']:.1f} TFLOP/s (MFU denominator)" if peak.get("tflops") else ""
+    return f"`{data.get('command', '')}`: {s.get('steps')} timed steps after {s.get('warmup')} warm-up{rate}"
+
+
+def _row_key(row: dict) -> tuple:
+    return (row["precision"], bool(row["compiled"]), row["runner"])
+
+
+def _sort_key(key: tuple) -> tuple:
+    precision, compiled, runner = key
+    return (PRECISIONS.index(precision) if precision in PRECISIONS else 99, compiled,
+            RUNNERS.index(runner) if runner in RUNNERS else 99, runner)
+
+
+def bench_section(model: str, files: list[dict]) -> list[str]:
+    newest: dict[tuple, tuple[dict, dict]] = {}
+    for data in sorted(files, key=lambda d: _date(d)):
+        for row in data["rows"]:
+            newest[_row_key(row)] = (data, row)
+    first = files[-1]["model"]
+    tokens = any(row.get("tokens_per_s") for _, row in newest.values())
+    lesson = any(key[2] == "lesson" for key in newest)
+    sources = Sources()
+    header = ["precision", "mode", "runner", "ms/step", "tokens/s" if tokens else "samples/s", "MFU",
+              "peak MiB", "peak - plain (bytes)", "x plain", "syncs/step"]
+    if lesson:
+        header.append("lesson's loop / this")
+    header.append("source")
+    lines = [f"## {model}", "", _cell(first.get("description", "")), ""]
+    if first.get("n_params"):
+        lines[-1:] = [f"{first['n_params']:,} parameters"
+                      + (f", {first['flops_per_step'] / 1e12:.2f} TFLOP a step" if first.get("flops_per_step", 0) > 1e9
+                         else "") + ".", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for key in sorted(newest, key=_sort_key):
+        data, row = newest[key]
+        letter = sources.ref(data)
+        mode = "compiled" if row["compiled"] else "eager"
+        if row["status"] != "ok":
+            message = f"{row['status']}: {row.get('message') or ''}"
+            lines.append(f"| {row['precision']} | {mode} | {RUNNER_NAMES.get(row['runner'], row['runner'])} | "
+                         f"{_cell(message)} |" + " |" * (len(header) - 5) + f" {letter} |")
+            continue
+        same = {r["runner"]: r for r in data["rows"] if r["precision"] == row["precision"]
+                and r["compiled"] == row["compiled"] and r["status"] == "ok"}
+        plain, lesson_row = same.get("plain"), same.get("lesson")
+        peak_vs = (row["peak_mem_bytes"] - plain["peak_mem_bytes"]
+                   if plain and row.get("peak_mem_bytes") is not None and plain.get("peak_mem_bytes") is not None
+                   else None)
+        ms = _ms(row["ms_per_step"])
+        if row.get("ms_spread") and len(row.get("ms_rounds") or []) > 1:
+            ms += f" ({_ms(row['ms_spread'][0])}-{_ms(row['ms_spread'][1])}, {len(row['ms_rounds'])} rounds)"
+        ratio = _ratio(row.get("ratio_to_plain"))
+        if row.get("ratio_spread") and row["runner"] != "plain":
+            ratio += f" ({_ratio(row['ratio_spread'][0])}-{_ratio(row['ratio_spread'][1])})"
+        cells = [row["precision"], mode, RUNNER_NAMES.get(row["runner"], row["runner"]), ms,
+                 _rate(row.get("tokens_per_s") if tokens else row.get("samples_per_s")), _pct(row.get("mfu")),
+                 _mib(row.get("peak_mem_bytes")), _signed_bytes(peak_vs), ratio,
+                 "" if row.get("host_syncs_per_step") is None else f"{row['host_syncs_per_step']:g}"]
+        if lesson:
+            cells.append(f"{lesson_row['ms_per_step'] / row['ms_per_step']:.1f}x"
+                         if lesson_row and row.get("ms_per_step") else "")
+        cells.append(letter)
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Bars judged in these runs (the newest value of each):", "",
+              "| bar | target | value | pass | detail | source |", "|---|---|---|---|---|---|"]
+    bars: dict[str, tuple[dict, dict]] = {}
+    for data in sorted(files, key=lambda d: _date(d)):
+        for bar in data.get("bars", []):
+            bars[bar["name"]] = (data, bar)
+    for name, (data, bar) in bars.items():
+        value = bar.get("value")
+        shown = "" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
+        verdict = {True: "pass", False: "**miss**", None: "not judged"}.get(bar.get("pass"), str(bar.get("pass")))
+        lines.append(f"| {_cell(name)} | {_cell(bar.get('bar', ''))} | {shown} | {verdict} | "
+                     f"{_cell(bar.get('detail', ''))} | {sources.ref(data)} |")
+    lines += [""] + sources.render(_bench_method)
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- others
+def compare_section(files: list[dict]) -> list[str]:
+    newest: dict[tuple, dict] = {}
+    for data in sorted(files, key=lambda d: _date(d)):
+        newest[(data["task"], data["precision"], _card(data))] = data
+    sources = Sources()
+    lines = ["## FP32 vs AMP (`ampkit compare`)", "",
+             "| task | precision | verdict | final metric: FP32 mean / AMP mean (allowed) | skipped AMP steps | "
+             "matmul FLOPs in low precision | speed-up | memory saving | source |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(newest, key=lambda k: (k[0], PRECISIONS.index(k[1]) if k[1] in PRECISIONS else 99)):
+        d = newest[key]
+        fm = d.get("final_metric") or {}
+        allowed = fm.get("allowed")
+        low = allowed[0] if isinstance(allowed, list) else allowed
+        metric = (f"{fm.get('name')}: {fm['fp32_mean']:.4f} / {fm['amp_mean']:.4f} (>= {low:.4f})"
+                  if fm.get("fp32_mean") is not None and low is not None else "")
+        skipped = d.get("skipped") or {}
+        amp_skipped = sum((skipped.get("amp") or {}).values())
+        runs = len(d.get("seeds", [])) * int(skipped.get("steps") or d.get("steps") or 0)
+        ratios = d.get("ratios") or {}
+        audit = d.get("audit") or {}
+        lines.append(f"| {d['task']} | {d['precision']} | **{d['verdict'].upper()}** | {metric} | "
+                     f"{amp_skipped} of {runs} | {_pct(audit.get('matmul_share'))} | "
+                     f"{_ratio(ratios.get('speedup'), 2)} | {_pct(ratios.get('memory_saving'))} | "
+                     f"{sources.ref(d)} |")
+    lines += [""] + sources.render(lambda d: f"`ampkit compare --precision {d['precision']}` on {d['task']}: "
+                                             f"seeds {d.get('seeds')}, {d.get('steps')} steps each")
+    return lines
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def rounds_section(name: str, files: list[dict]) -> list[str]:
+    """A benchmark script's configurations measured in rounds: median step time and the rounds' spread."""
+    d = sorted(files, key=lambda d: _date(d))[-1]
+    sources = Sources()
+    letter = sources.ref(d)
+    lines = [f"## {name}", ""]
+    by_shape: dict[str, dict[str, list[dict]]] = {}
+    for r in d["results"]:
+        by_shape.setdefault(r["shape"], {}).setdefault(r["config"], []).append(r)
+    for shape, configs in by_shape.items():
+        summary = d["summary"].get(shape, {})
+        shape_desc = d.get("shapes", {}).get(shape)
+        lines += [f"### {shape}", ""]
+        if shape_desc:
+            lines += [_cell(", ".join(f"{k} {v}" for k, v in shape_desc.items())) + ".", ""]
+        lines += ["| config | ms/step (median) | rounds' ms/step | tokens/s (median) | peak GiB | speed-up vs bf16 (rounds) | "
+                  "final loss | source |", "|---|---|---|---|---|---|---|---|"]
+        for config, rows in configs.items():
+            times = sorted(r["ms_per_step"] for r in rows)
+            s = summary.get(config, {}) if isinstance(summary.get(config), dict) else {}
+            speed = (f"{s['speedup_vs_bf16']:.3f} ({', '.join(f'{x:.3f}' for x in s.get('speedups_per_round', []))})"
+                     if "speedup_vs_bf16" in s else "1 (reference)" if config == "bf16" else "")
+            losses = ", ".join(format(r["final_loss"], ".4f") for r in rows)
+            lines.append(f"| {config} | {_ms(_median(times))} | {', '.join(_ms(t) for t in times)} | "
+                         f"{_rate(_median([r['tokens_per_s'] for r in rows]))} | "
+                         f"{max(r['peak_memory_gib'] for r in rows):.2f} | {speed} | "
+                         f"{losses} | {letter} |")
+        lines.append("")
+    if d.get("skipped"):
+        lines += [f"Not measured: {_cell(d['skipped'])}", ""]
+    lines += sources.render(lambda d: "; ".join(f"{k}: {v}" for k, v in (d.get("method") or {}).items()))
+    return lines
+
+
+def doctor_section(files: list[dict]) -> list[str]:
+    sources = Sources()
+    lines = ["## Device capabilities (`ampkit doctor`)", "",
+             "| card | FP32 | BF16 | FP16 | TF32 | FP8 matmul | collectives | recommended | source |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(s: dict) -> str:
+        yes = {True: "yes", False: "no", None: "unknown"}[s.get("supported")]
+        probe = f", probe: {s['probe']}" if s.get("probe") else ""
+        return _cell(f"{yes} ({s.get('provenance')}{probe})")
+
+    newest: dict[str, dict] = {}
+    for data in sorted(files, key=lambda d: _date(d)):
+        newest[_card(data)] = data
+    for card, d in sorted(newest.items()):
+        dt = d["dtypes"]
+        lines.append(f"| {_cell(card)} | {cell(dt['fp32'])} | {cell(dt['bf16'])} | {cell(dt['fp16'])} | "
+                     f"{cell(d['tf32'])} | {cell(d['fp8'])} | {cell(d['collectives'])} "
+                     f"({d['collectives'].get('backend')}) | {d['recommended']['precision']} | {sources.ref(d)} |")
+    lines += [""] + sources.render(lambda d: "`ampkit doctor --json`")
+    return lines
+
+
+def distributed_section(files: list[dict]) -> list[str]:
+    lines = ["## More than one GPU (`ampkit train --nproc 2`)", ""]
+    d = sorted(files, key=lambda d: _date(d))[-1]
+    sources = Sources()
+    letter = sources.ref(d)
+    tput = d["throughput_samples_per_s"]
+    mem = d.get("peak_memory_mib", {})
+    scaling = d.get("scaling", {})
+    lines += [_cell(d.get("model", "")) + ". " + _cell(d.get("weak_scaling", "")) + ".", "",
+              "| run | samples/s | speed-up | scaling efficiency | peak MiB | source |", "|---|---|---|---|---|---|"]
+    for run, value in tput.items():
+        s = scaling.get(run, {})
+        lines.append(f"| {run} | {value:,} | {_ratio(s.get('speedup'), 2) + 'x' if s else '-'} | "
+                     f"{_pct(s.get('efficiency')) if s else '-'} | {mem.get(run, ''):,} | {letter} |")
+    if d.get("provenance"):
+        lines += ["", f"Provenance: {_cell(d['provenance'])}"]
+    lines += [""] + sources.render(lambda d: f"`{d.get('command', '')}`")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- page
+def render(results: list[dict] | None = None) -> str:
+    results = load_results() if results is None else results
+    by_kind: dict[str, list[dict]] = {}
+    for data in results:
+        by_kind.setdefault(data["_kind"], []).append(data)
+    out = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `python benchmarks/render_benchmarks.py` from benchmarks/results/*.json: do not edit."
+        " -->",
+        "",
+        "The current figures, one table per workload, generated from the result files in `benchmarks/results/`",
+        "(`python benchmarks/render_benchmarks.py`; CI checks that this file is up to date). Each row comes",
+        "from the newest file that measured it; the `source` column names that file, its git commit, date,",
+        "card, torch version and command. `x plain`, `peak - plain` and `lesson's loop / this` compare a row",
+        "with the rows of its own source file. Each configuration was measured once per file, with no repeats:",
+        "differences of about 1 % between files are within run-to-run noise. What the columns mean:",
+        "`docs/commands/bench.md` (the site's `ampkit bench` page). The dated history of the first runs, with",
+        "the analysis of the figures that fall short, is `benchmarks/results/HISTORY.md`; the commands that",
+        "reproduce every file are in `benchmarks/gpu_session.sh` and `benchmarks/run_h200.sh`.",
+        "",
+    ]
+    bench = by_kind.get("bench", [])
+    models: dict[str, list[dict]] = {}
+    for data in bench:
+        models.setdefault(data["model"]["name"], []).append(data)
+    order = ["gpt2-small", "charlm", "lesson", "digits"]
+    for model in sorted(models, key=lambda m: (order.index(m) if m in order else 99, m)):
+        out += bench_section(model, models[model]) + [""]
+    rounds: dict[str, list[dict]] = {}
+    for data in by_kind.get("rounds", []):
+        rounds.setdefault(data["benchmark"], []).append(data)
+    for name in sorted(rounds):
+        out += rounds_section(name, rounds[name]) + [""]
+    if by_kind.get("compare"):
+        out += compare_section(by_kind["compare"]) + [""]
+    if by_kind.get("distributed"):
+        out += distributed_section(by_kind["distributed"]) + [""]
+    if by_kind.get("doctor"):
+        out += doctor_section(by_kind["doctor"]) + [""]
+    out += ["## CPU figures", "",
+            "`ampkit bench` also runs on the CPU (CI runs it to check that it works). CPU figures measure a shared",
+            "2-core container, not ampkit, and none are recorded here."]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """``git rev-parse HEAD``, with ``-dirty`` when tracked files have uncommitted changes."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def stamp(path: Path, commit: str) -> bool:
+    """Add ``git_commit`` to one result file that lacks it (the file's other bytes unchanged)."""
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text)
+    if data.get("git_commit"):
+        return False
+    if not text.startswith("{"):
+        raise ResultError(f"{path}: not a JSON object")
+    rest = text[1:].lstrip("\n")
+    indent = rest[: len(rest) - len(rest.lstrip(" "))] or "  "
+    path.write_text("{\n" + indent + json.dumps("git_commit") + ": " + json.dumps(commit)
+                    + ("," if data else "") + "\n" + rest, encoding="utf-8")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Render BENCHMARKS.md from benchmarks/results/*.json.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md is out of date")
+    parser.add_argument("--stamp", nargs="+", metavar="FILE", help="record the current git commit in result files")
+    args = parser.parse_args(argv)
+    try:
+        if args.stamp:
+            commit = git_commit()
+            for name in args.stamp:
+                changed = stamp(Path(name), commit)
+                print(f"{name}: {'git_commit ' + commit if changed else 'already has a git_commit'}")
+            return 0
+        text = render()
+    except (ResultError, OSError, subprocess.CalledProcessError, json.JSONDecodeError) as exc:
+        print(f"render_benchmarks: error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        if OUTPUT.read_text(encoding="utf-8") != text:
+            print("BENCHMARKS.md is out of date: run `python benchmarks/render_benchmarks.py`", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Fix texts that name the user's own module, function or precision (the generic ones live in the
+registry, :mod:`ampkit.findings`). Plain functions of plain values, so each is tested directly."""
+
+from __future__ import annotations
+
+__all__ = ["keep_fp32_fix", "scale_text", "clip_fix"]
+
+
+def scale_text(scale: float) -> str:
+    """``65536`` / ``0.25``: how an init scale is written on a command line."""
+    return f"{scale:g}"
+
+
+def keep_fp32_fix(module: str, init_scale: float | None, *, fp16: bool = True) -> str:
+    """Keep ``module`` (its qualified name inside the model) in FP32, with the exact flag for ``ampkit
+    train`` and the Python API; with FP16, the initial loss scale to use (None: not known here)."""
+    text = (f"keep `{module}` in FP32: `ampkit train --fp32-modules {module}` "
+            f"(Python: `MixedPrecision(..., fp32_modules=[\"{module}\"])`; by hand: "
+            "`with torch.autocast(device_type, enabled=False): y = module(x.float())`)")
+    if fp16 and init_scale is not None:
+        text += (f"; start the FP16 loss scale at `--init-scale {scale_text(init_scale)}` "
+                 f"(`torch.amp.GradScaler(device_type, init_scale={scale_text(init_scale)})`)")
+    elif fp16:
+        text += "; `ampkit diagnose --fp16-range SCRIPT` gives the initial loss scale (`--init-scale X`)"
+    return text + "; or use BF16 where the card has it (`ampkit doctor`)"
+
+
+def clip_fix(function: str) -> str:
+    """``clip-before-unscale`` naming the clipping function the script called."""
+    return (f"call `scaler.unscale_(optimizer)` before `torch.nn.utils.{function}(...)`, "
+            "then `scaler.step(optimizer)` and `scaler.update()`")

@@ -1,0 +1,218 @@
+"""FP8 training: torchao's float8 linear layers under BF16 autocast, on cards that have FP8 matmuls.
+
+ampkit writes no FP8 GEMM code: :func:`convert` swaps chosen ``nn.Linear`` layers for torchao's
+``Float8Linear`` (``torchao.float8.convert_to_float8_training``) in place and reports which ones it
+converted and why it kept the others in BF16. Everything else runs under BF16 autocast
+(``--precision fp8`` resolves to BF16 autocast without a loss scaler, see :mod:`ampkit.policy`).
+
+>>> report = convert(model, recipe="tensorwise")          # doctest: +SKIP
+>>> report.summary()                                       # doctest: +SKIP
+'FP8 tensorwise: 96 of 97 linear layers converted; kept in BF16: lm_head (output head)'
+
+Convert after the model is on its device and before ``torch.compile``; the swapped layers keep the
+same ``weight``/``bias`` Parameter objects, so an optimizer built earlier still holds them, and their
+state-dict keys are those of ``nn.Linear``: checkpoints load into BF16/FP32 models and back.
+
+The filter (:class:`FP8Filter`) keeps in BF16 what FP8 makes slower or worse:
+
+* layers whose in/out features are not multiples of 16 (``torch._scaled_mm`` cannot take them);
+* small layers (either dimension below ``min_features``): the casts to FP8 cost more than the GEMM saves;
+* the output head (by name: ``head``, ``lm_head``, ``output``, ``classifier``; else the last
+  ``nn.Linear`` registered): the logits are the most precision-sensitive matmul;
+* anything matched by ``keep`` (globs over qualified names, as for ``fp32_modules``).
+
+torchao is an optional extra (``pip install 'ampkit[fp8]'``), imported only when needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from torch import nn
+
+from ampkit.errors import AmpkitError, UsageError
+from ampkit.regions import strip_wrapper_prefixes
+
+__all__ = ["RECIPES", "DEFAULT_RECIPE", "FP8Filter", "FP8Report", "plan", "convert", "torchao_missing",
+           "require_torchao", "INSTALL_HINT"]
+
+RECIPES = ("tensorwise", "rowwise")
+DEFAULT_RECIPE = "tensorwise"
+INSTALL_HINT = "pip install 'ampkit[fp8]' (torchao)"
+HEAD_NAMES = ("head", "lm_head", "output", "classifier")
+
+
+def torchao_missing() -> str | None:
+    """None when torchao can be imported; else the one-line reason with the install command."""
+    if importlib.util.find_spec("torchao") is None:
+        return f"FP8 training needs torchao, which is not installed: {INSTALL_HINT}"
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_torchao_import() -> Iterator[None]:
+    # torchao logs a warning for each optional C extension built for other GPUs that it cannot load
+    # (cutlass sm90a, mxfp8 ...); the float8 training path does not use them.
+    logger = logging.getLogger("torchao")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def require_torchao() -> Any:
+    """Import and return ``torchao.float8``; :class:`~ampkit.errors.AmpkitError` (one line) when missing."""
+    missing = torchao_missing()
+    if missing:
+        raise AmpkitError(missing)
+    try:
+        with _quiet_torchao_import():
+            import torchao.float8 as float8
+    except Exception as exc:  # noqa: BLE001 - a broken install (ABI mismatch with torch) is the finding
+        from ampkit.errors import first_line
+
+        raise AmpkitError(f"torchao is installed but cannot be imported ({first_line(exc, 160)}): install a "
+                          "torchao release built for this torch (see the torchao compatibility table)") from None
+    return float8
+
+
+def _recipe(recipe: str) -> str:
+    name = str(recipe).strip().lower()
+    if name not in RECIPES:
+        raise UsageError(f"unknown FP8 recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+    return name
+
+
+@dataclass(frozen=True, kw_only=True)
+class FP8Filter:
+    """Which ``nn.Linear`` layers become FP8. The defaults suit transformer blocks (d >= 256).
+
+    Attributes:
+        min_features: keep a layer in BF16 when its in or out features are below this.
+        multiple_of: keep a layer in BF16 when a dimension is not a multiple of this (FP8 GEMM needs 16).
+        keep: globs over qualified module names to keep in BF16 in any case.
+        keep_head: keep the output head in BF16 (by name, else the last ``nn.Linear`` registered).
+    """
+
+    min_features: int = 256
+    multiple_of: int = 16
+    keep: tuple[str, ...] = ()
+    keep_head: bool = True
+
+    def __post_init__(self) -> None:
+        if self.min_features < 1 or self.multiple_of < 1:
+            raise UsageError("FP8Filter: min_features and multiple_of must be >= 1")
+        if isinstance(self.keep, str):
+            raise UsageError("FP8Filter: keep takes a tuple of globs, e.g. keep=('blocks.0.*',)")
+
+    def reason_to_keep(self, name: str, layer: nn.Linear, *, is_head: bool) -> str | None:
+        """Why ``layer`` stays in BF16, or None when it becomes FP8."""
+        if any(fnmatch.fnmatchcase(name, g) for g in self.keep):
+            return "kept by the filter's keep list"
+        if self.keep_head and is_head:
+            return "output head"
+        dims = (layer.in_features, layer.out_features)
+        if any(d % self.multiple_of for d in dims):
+            return f"shape {dims[0]}x{dims[1]} not divisible by {self.multiple_of}"
+        if min(dims) < self.min_features:
+            return f"small: {dims[0]}x{dims[1]} (a dimension below {self.min_features})"
+        return None
+
+
+@dataclass(frozen=True)
+class FP8Report:
+    """What :func:`convert` did: the layers now in FP8 and, for each one kept in BF16, why."""
+
+    recipe: str
+    converted: tuple[str, ...]
+    kept: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (name, reason)
+
+    def summary(self) -> str:
+        """One line for people: ``"FP8 tensorwise: 2 of 3 linear layers converted; kept in BF16: head (output head)"``."""
+        total = len(self.converted) + len(self.kept)
+        line = f"FP8 {self.recipe}: {len(self.converted)} of {total} linear layers converted"
+        if self.kept:
+            shown = "; ".join(f"{n} ({why})" for n, why in self.kept[:6])
+            more = f"; and {len(self.kept) - 6} more" if len(self.kept) > 6 else ""
+            line += f"; kept in BF16: {shown}{more}"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "converted": list(self.converted),
+                "kept": [{"name": n, "reason": r} for n, r in self.kept]}
+
+
+def _linears(model: nn.Module) -> list[tuple[str, str, nn.Linear]]:
+    """(raw name, user-facing name, layer) for every plain nn.Linear, in registration order.
+
+    Only exact ``nn.Linear``: a subclass has its own forward that torchao's swap would drop, and
+    MultiheadAttention's ``out_proj`` (a subclass) is never called as a module, only read."""
+    return [(raw, strip_wrapper_prefixes(raw), m) for raw, m in model.named_modules() if type(m) is nn.Linear]
+
+
+def _head(linears: list[tuple[str, str, nn.Linear]]) -> str | None:
+    for _, name, _ in reversed(linears):
+        if name.rsplit(".", 1)[-1] in HEAD_NAMES:
+            return name
+    return linears[-1][1] if linears else None
+
+
+def plan(model: nn.Module, filter: FP8Filter | Callable[[nn.Module, str], bool] | None = None,
+         *, recipe: str = DEFAULT_RECIPE) -> FP8Report:
+    """Decide which linear layers :func:`convert` would turn into FP8, without touching the model
+    (and without torchao). ``filter`` is an :class:`FP8Filter` or torchao's
+    ``module_filter_fn(module, name) -> bool`` (True: convert)."""
+    recipe = _recipe(recipe)
+    linears = _linears(model)
+    if not linears:
+        raise UsageError(f"FP8: {type(model).__name__} has no nn.Linear layer to convert: use --precision bf16")
+    head = _head(linears)
+    converted, kept = [], []
+    for _, name, layer in linears:
+        if isinstance(filter, FP8Filter) or filter is None:
+            why = (filter or FP8Filter()).reason_to_keep(name, layer, is_head=name == head)
+        else:
+            why = None if filter(layer, name) else "excluded by the module filter"
+        if why is None:
+            converted.append(name)
+        else:
+            kept.append((name, why))
+    return FP8Report(recipe, tuple(converted), tuple(kept))
+
+
+def convert(model: nn.Module, *, recipe: str = DEFAULT_RECIPE,
+            filter: FP8Filter | Callable[[nn.Module, str], bool] | None = None) -> FP8Report:
+    """Swap the chosen ``nn.Linear`` layers of ``model`` for torchao ``Float8Linear`` in place.
+
+    ``recipe``: ``"tensorwise"`` (default; fastest on Hopper) or ``"rowwise"`` (finer scales, more
+    accurate, slower on Hopper). ``filter``: :class:`FP8Filter` (default) or a torchao-style
+    ``fn(module, name) -> bool``. Returns an :class:`FP8Report`. Raises
+    :class:`~ampkit.errors.UsageError` when no layer qualifies (FP8 would be BF16 under another name).
+    """
+    report = plan(model, filter, recipe=recipe)
+    if not report.converted:
+        raise UsageError(f"FP8: no linear layer of {type(model).__name__} qualifies ({report.summary()}): "
+                         "use --precision bf16, or loosen the filter (FP8Filter(min_features=...))")
+    float8 = require_torchao()
+    chosen = set(report.converted)
+    config = float8.Float8LinearConfig.from_recipe_name(report.recipe)
+    float8.convert_to_float8_training(
+        model, config=config,
+        module_filter_fn=lambda module, fqn: strip_wrapper_prefixes(fqn) in chosen)
+    done = tuple(name for _, name, m in _named_float8(model))
+    if set(done) != chosen:  # torchao skipped or added layers: say so rather than report a wrong list
+        raise AmpkitError(f"FP8: torchao converted {len(done)} layers where {len(chosen)} were chosen; "
+                          "report this with your torchao version")
+    return report
+
+
+def _named_float8(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
+    return [(raw, strip_wrapper_prefixes(raw), m) for raw, m in model.named_modules()
+            if type(m).__name__ == "Float8Linear"]

@@ -1,0 +1,15 @@
+"""Clean twin of bce_autocast: the model returns logits and BCEWithLogitsLoss fuses the sigmoid."""
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+criterion = nn.BCEWithLogitsLoss()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 16), (torch.rand(64, 1) > 0.5).float()
+for step in range(4):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = criterion(model(x), y)
+    loss.backward()
+    opt.step()
