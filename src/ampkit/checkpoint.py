@@ -271,6 +271,9 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     Refused with one :class:`CheckpointError` line, before anything is written: a value that
     ``torch.load(weights_only=True)`` would refuse (naming its key), and a save in the middle of an
     accumulation window.
+
+    >>> ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=opt, amp=amp, scheduler=sched, step=100,
+    ...                        extra={"epoch": 3})                                          # doctest: +SKIP
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
@@ -300,7 +303,12 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`,
-    and a plain ``torch.save`` file gets a message that says how to use it."""
+    and a plain ``torch.save`` file gets a message that says how to use it.
+
+    >>> state = ampkit.load_checkpoint("ckpt.pt")               # doctest: +SKIP
+    >>> state["step"], state["extra"]                           # doctest: +SKIP
+    (100, {'epoch': 3})
+    """
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
