@@ -210,6 +210,24 @@ def test_shard_batch_keeps_the_batch_structure():
     assert part["labels"][1] == "keep"
 
 
+# ---------------------------------------------------------------- --fp32-modules
+class _OutputDtype(ampkit.Callback):
+    def on_start(self, state):
+        with state.amp.autocast():
+            self.dtypes = [m(torch.randn(4, 10)).dtype for m in (state.model, state.model[0])]
+
+
+@pytest.mark.parametrize("spec,want", [(None, torch.bfloat16), ("3", torch.float32)])
+def test_fp32_modules_run_in_fp32_for_the_run_only(spec, want):
+    task = ampkit.load_task(TOY)
+    probe = _OutputDtype()
+    r = train(TrainConfig(task=TOY, precision="bf16", steps=1, evaluate=False, fp32_modules=spec,
+                          callbacks=(probe,)), task=task)
+    assert probe.dtypes == [want, torch.bfloat16]  # the model's output (module 3), and module 0 untouched
+    assert any(n == "FP32 regions: 3" for n in r.notes) == (spec is not None)
+    assert not task.model[3]._forward_pre_hooks  # removed when the run ends
+
+
 # ---------------------------------------------------------------- --init-scale
 def test_init_scale_reaches_the_engine():
     r = train(TrainConfig(task=TOY, precision="fp16", steps=2, log_every=1, evaluate=False, init_scale=1024.0))
@@ -223,6 +241,8 @@ def test_init_scale_reaches_the_engine():
     (["--stop-check-every", "0"], "--stop-check-every must be >= 1"),
     (["--callback", "nosuch.py:make"], "callback file 'nosuch.py' does not exist"),
     (["--callback", "nocolon"], "bad callback 'nocolon'"),
+    (["--fp32-modules", "a..b"], "fp32_modules: not a dotted module name"),
+    (["--fp32-modules", "nosuch"], "nosuch"),
 ])
 def test_bad_flags_one_line(argv, needle, capsys):
     from ampkit.cli import main
@@ -230,6 +250,19 @@ def test_bad_flags_one_line(argv, needle, capsys):
     assert main(["train", "--task", TOY, "--steps", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+# ---------------------------------------------------------------- the scale monitor
+def test_scale_monitor_warns_once_with_the_advice_it_was_given():
+    from ampkit.monitor import ScaleMonitor
+
+    m = ScaleMonitor(window=10, max_backoffs=2, floor=1.0, advice="use --precision bf16 (x)")
+    assert m.update(5, 1024.0, 2) is None  # 2 backoffs: not more than 2
+    w = m.update(6, 512.0, 3)
+    assert w.code == "scale-collapse" and "backed off 3 times" in w.message
+    assert w.fix.startswith("use --precision bf16 (x); or keep") and "--fp32-modules" in w.fix
+    assert m.update(7, 0.5, 9) is None  # once per run
+    assert ScaleMonitor(floor=1.0).update(1, 1.0, 0).fix.startswith("lower the learning rate")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -25,15 +25,14 @@ class ScaleMonitor:
     """
 
     def __init__(self, *, window: int = 100, max_backoffs: int = 10, floor: float = 1.0,
-                 bf16_available: bool = False) -> None:
+                 advice: str = "lower the learning rate") -> None:
         self.window = window
         self.max_backoffs = max_backoffs
         self.floor = floor
-        self.bf16_available = bf16_available
+        self.advice = advice  # the first fix to try: ampkit.policy.bf16_advice(device)
         self._events: deque[tuple[int, int]] = deque()
         self._last_skipped = 0
         self.warning: ScaleWarning | None = None
-        self.min_scale_seen: float | None = None
 
     def update(self, step: int, scale: float, skipped_total: int) -> ScaleWarning | None:
         new = skipped_total - self._last_skipped
@@ -42,7 +41,6 @@ class ScaleMonitor:
             self._events.append((step, new))
         while self._events and self._events[0][0] <= step - self.window:
             self._events.popleft()
-        self.min_scale_seen = scale if self.min_scale_seen is None else min(self.min_scale_seen, scale)
         if self.warning is not None:
             return None
         backoffs = sum(n for _, n in self._events)
@@ -54,8 +52,7 @@ class ScaleMonitor:
                       f"(now {scale:g}, step {step})")
         if reason is None:
             return None
-        fix = ("use --precision bf16 (this card has BF16: no loss scaling needed)" if self.bf16_available
-               else "lower the learning rate")
-        fix += "; or keep the overflowing module in FP32 (find it with `ampkit diagnose --fp16-range SCRIPT`)"
+        fix = (self.advice + "; or keep the overflowing module in FP32 with --fp32-modules NAME (find it with "
+               "`ampkit diagnose --fp16-range SCRIPT`)")
         self.warning = ScaleWarning("scale-collapse", step, reason + ": gradients keep overflowing FP16", fix)
         return self.warning

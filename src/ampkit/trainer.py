@@ -22,10 +22,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ampkit import distributed as dist_mod
-from ampkit.device import Device, detect_device
+from ampkit.config import AmpConfig
+from ampkit.device import detect_device
 from ampkit.errors import UsageError
 from ampkit.monitor import ScaleMonitor
-from ampkit.policy import Precision
+from ampkit.policy import Precision, bf16_advice
+from ampkit.regions import normalize_fp32_modules
 from ampkit.tasks import Task
 from ampkit.training.callbacks import Callback, TrainState
 from ampkit.training.loop import batch_to, evaluate, train_loop
@@ -49,6 +51,12 @@ class TrainConfig:
     ``stop_check_every``: with several ranks, how often (in steps) they agree on a stop: one small
     all_reduce and one host read every N steps; a stop takes effect at most N steps after the signal.
     ``init_scale``: the FP16 loss scaler's initial scale (default 65536).
+    ``graph``: capture the whole training step (forward, backward, clip, optimizer, scaler) as one device
+    graph where it can (CUDA graphs; MUSA graphs from QY2 on). None (the default): wherever possible, and
+    one note says why not where it is not; False: eager steps (``--no-graph``). Losses, skips, metrics,
+    checkpoints and resume are the same either way.
+    ``fp32_modules``: modules kept in FP32 under autocast (names, globs such as ``"*.norm"``, module
+    types, presets such as ``"preset:norm"``; a comma-separated string too): see :mod:`ampkit.regions`.
 
     >>> cfg = ampkit.TrainConfig(task="digits", precision="bf16", steps=100, out="runs/d", ckpt_every=50)
     >>> cfg.log_every, cfg.keep
@@ -78,9 +86,11 @@ class TrainConfig:
     # one process. Without torchrun a strategy runs one process (fsdp: in the sharded checkpoint format).
     strategy: str | None = None
     init_scale: float | None = None
+    fp32_modules: Any = None
     callbacks: tuple[Any, ...] = ()
     stop_signal: str | None = None
     stop_check_every: int = 10
+    graph: bool | None = None
 
     def validate(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -101,6 +111,16 @@ class TrainConfig:
         if self.stop_check_every < 1:
             raise UsageError(f"--stop-check-every must be >= 1, got {self.stop_check_every}")
         self.stop_signals()
+        normalize_fp32_modules(self.fp32_modules)
+        self.amp_config()  # the engine's own checks (e.g. --max-grad-norm nan), before any process starts
+
+    def amp_config(self) -> AmpConfig:
+        """The engine's settings for this run (the FP32 regions are applied by the trainer itself)."""
+        changes: dict[str, Any] = {"max_grad_norm": self.max_grad_norm, "accumulation_steps": self.accumulation_steps,
+                                   "max_consecutive_skips": self.max_consecutive_skips}
+        if self.init_scale is not None:
+            changes["init_scale"] = self.init_scale
+        return AmpConfig(**changes)
 
     def stop_signals(self) -> tuple[int, ...]:
         """The signal numbers that stop the run gracefully: SIGINT, SIGTERM and ``stop_signal``."""
@@ -130,6 +150,7 @@ class TrainResult:
     interrupted_by: str | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    step_graph: bool = False  # the step ran as one replayed device graph (TrainConfig.graph)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,10 +168,13 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     device = precision.device if precision is not None else detect_device(config.device)
     # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).
     ctx = dist_mod.init_from_env(device) if dist_mod.launched() else None
+    run = None
     try:
         run = build_run(config, ctx, device, task=task, precision=precision)
         return _train(run, progress)
     finally:
+        if run is not None and run.regions is not None:
+            run.regions.remove()  # the task's model leaves as it came
         if ctx is not None:
             ctx.close()
 
@@ -158,7 +182,7 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
 def _train(run: Run, progress: Progress | None) -> TrainResult:
     start, resumed_from = resume(run)
     prec, task = run.precision, run.task
-    monitor = ScaleMonitor(floor=run.amp.min_scale) if prec.use_scaler else None
+    monitor = ScaleMonitor(floor=run.amp.min_scale, advice=bf16_advice(run.device)) if prec.use_scaler else None
     sink = MetricsSink(run.out, write=run.main, resumed_at=start, tensorboard=run.config.tensorboard,
                        monitor=monitor, progress=progress if run.main else None)
     stop = StopRequest(run.config.stop_signals(), ctx=run.ctx, check_every=run.config.stop_check_every,
@@ -194,4 +218,5 @@ def _train(run: Run, progress: Progress | None) -> TrainResult:
         interrupted_by=done.interrupted_by,
         notes=run.notes,
         warnings=sink.warnings,
+        step_graph=done.graph_captured,
     )

@@ -82,7 +82,8 @@ def test_mp_policy_per_precision():
 def test_nproc_command_line_round_trips():
     argv = ["train", "--task", "charlm", "--task-arg", "d_model=32", "--task-arg", "n_layers=2", "--nproc", "2",
             "--max-restarts", "1", "--strategy", "fsdp", "--precision", "bf16", "--resume", "--out", "runs/x",
-            "--max-grad-norm", "0.5", "--steps", "7"]
+            "--max-grad-norm", "0.5", "--steps", "7", "--callback", "a.py:make", "--callback", "b:make",
+            "--stop-signal", "SIGUSR1", "--init-scale", "1024", "--fp32-modules", "preset:norm"]
     args = build_parser().parse_args(argv)
     inner = _train_argv(args._parser, args)
     assert "--nproc" not in inner and "--max-restarts" not in inner
@@ -94,6 +95,10 @@ def test_nproc_command_line_round_trips():
     assert cmd[1:9] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
                         "-m"]
     assert cmd[9:11] == ["ampkit", "train"]
+    # torchrun forwards the stop signal to the ranks only when told to catch it
+    with_usr1 = D.torchrun_argv(2, inner, stop_signal="SIGUSR1")
+    assert with_usr1[with_usr1.index("--signals-to-handle") + 1] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    assert "--signals-to-handle" not in D.torchrun_argv(2, inner, stop_signal="SIGTERM")
 
 
 def test_max_restarts_needs_nproc():
