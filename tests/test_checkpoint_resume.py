@@ -31,9 +31,7 @@ def train(model, opt, sched, amp, start, stop):
         with amp.autocast():
             loss = nn.functional.cross_entropy(model(x), y)
         amp.backward(loss)
-        amp.step(opt)
-        if sched is not None:
-            sched.step()
+        amp.step(opt, scheduler=sched)
         losses.append(loss.detach().float())
     return losses
 

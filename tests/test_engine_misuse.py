@@ -162,3 +162,9 @@ def test_fp32_weights_do_not_warn_and_new_groups_are_checked():
     amp.backward(_loss(model))
     with pytest.warns(UserWarning, match="1 parameter\\(s\\) are BF16"):
         amp.step(opt)
+
+
+@pytest.mark.parametrize("value,name", [(torch.bfloat16, "bf16"), ("BF16", "bf16"), (torch.float16, "fp16"),
+                                        ("Fp32", "fp32")])
+def test_precision_forms(value, name):
+    assert MixedPrecision(value).precision.name == name

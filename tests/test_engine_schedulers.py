@@ -177,3 +177,16 @@ def test_a_finite_schedule_is_not_stepped_past_its_end_ahead_of_time():
     amp.step(opt, scheduler=sched)
     with pytest.raises(ValueError, match="Tried to step"):
         amp.sync_schedulers()
+
+
+def test_save_checkpoint_stores_the_true_scheduler_position(tmp_path):
+    from ampkit.checkpoint import load_checkpoint, save_checkpoint
+
+    model, opt, sched = _make("fused", "lambda")
+    amp = MixedPrecision("bf16", max_grad_norm=1.0)
+    for i, (x, y) in enumerate(_data(8)):
+        amp.backward(_loss(model, x, y, i))
+        amp.step(opt, scheduler=sched)
+    path = save_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt, amp=amp, step=8, scheduler=sched)
+    saved = load_checkpoint(path)["scheduler"]
+    assert saved["last_epoch"] == 8 - len({i for i in PLANTED if i < 8})

@@ -97,9 +97,9 @@ def test_train_step_is_the_hand_written_engine_loop(name):
                 loss = _loss(ref_model, b)
             ref.backward(loss)
             ref.step(ref_opt)
-            ref_losses.append(loss.detach().float())
+            ref_losses.append(loss.detach())
         losses = amp.train_step(model, _loss, batches, opt)
-        torch.testing.assert_close(losses, torch.stack(ref_losses), rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=0, atol=0, equal_nan=True)
     for a, b in zip(ref_model.parameters(), model.parameters()):
         assert torch.equal(a, b)
     assert amp.stats() == ref.stats()
@@ -135,3 +135,26 @@ def test_train_step_skips_gradient_sync_on_all_but_the_last_micro_batch():
         amp.train_step(wrapped, _loss, [_batch(3 * step + k) for k in range(3)], opt)
     assert wrapped.log == [True, True, False, True, True, False]
     assert amp.steps == 2
+
+
+def test_fp32_modules_attach_detach_and_state():
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    amp = MixedPrecision("bf16", fp32_modules="preset:norm")
+    seen = {}
+    model[1].register_forward_hook(lambda m, i, o: seen.update(dtype=o.dtype))
+    regions = amp.attach(model)
+    assert regions is amp.fp32_regions and regions.names == ("1",)
+    with amp.autocast():
+        model(torch.randn(3, 4))
+    assert seen["dtype"] == torch.float32
+    amp.detach()
+    assert amp.fp32_regions is None
+    with amp.autocast():
+        model(torch.randn(3, 4))
+    assert seen["dtype"] == torch.bfloat16  # hooks gone
+    state = amp.state_dict()
+    assert state["fp32_modules"] == ["preset:norm"]
+    assert MixedPrecision("bf16", fp32_modules="preset:norm").load_state_dict(state) == []
+    with pytest.warns(UserWarning, match="kept \\['preset:norm'\\] in FP32"):
+        MixedPrecision("bf16").load_state_dict(state)
+    assert MixedPrecision("bf16").attach(model) is None  # nothing to keep in FP32

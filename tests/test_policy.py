@@ -73,6 +73,21 @@ def test_tf32_on_a_card_without_it(simulated_cuda):
         resolve_precision("fp16", tf32=True)
 
 
+@pytest.fixture
+def cuda_tf32():
+    """Set torch's two CUDA TF32 switches for one test and put them back after. Plain setattr: on torch 2.5
+    cuBLAS's switch is a property that monkeypatch cannot look up."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32)
+
+    def set_(*, matmul: bool, cudnn: bool) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+    yield set_
+    matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
 def test_s80_with_a_passing_bf16_probe_still_refuses_bf16(simulated_musa):
     # The emulation trap at its worst: BF16 tensors can be made and a small probe even runs. The card table
     # (QY1 has no BF16) wins, the refusal says the probe passed but was not used, and auto picks FP16.
@@ -88,14 +103,13 @@ def test_s80_with_a_passing_bf16_probe_still_refuses_bf16(simulated_musa):
 
 
 @pytest.mark.parametrize("card", ["s4000", "a100"])
-def test_fp32_on_an_accelerator_leaves_tf32_off(card, simulated_musa, simulated_cuda, monkeypatch):
+def test_fp32_on_an_accelerator_leaves_tf32_off(card, simulated_musa, simulated_cuda, cuda_tf32):
     # --precision fp32 means FP32 matmuls: TF32 stays off, and no switch is ever set to True.
     if card == "s4000":
         simulated_musa("MTT S4000", v29_matmul=True, tf32_on=False)
     else:
         simulated_cuda((8, 0))
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        cuda_tf32(matmul=False, cudnn=False)
     prec = resolve_precision("fp32")
     assert prec.tf32 is False
     with tf32_applied(prec) as switched:
@@ -104,10 +118,9 @@ def test_fp32_on_an_accelerator_leaves_tf32_off(card, simulated_musa, simulated_
     assert not any(prec.device.tf32_switches().values())
 
 
-def test_tf32_context_restores_each_switch_to_its_own_value(simulated_cuda, monkeypatch):
+def test_tf32_context_restores_each_switch_to_its_own_value(simulated_cuda, cuda_tf32):
     simulated_cuda((8, 0))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # torch's defaults: mixed
+    cuda_tf32(matmul=False, cudnn=True)  # torch's defaults: mixed
     before = {"torch.backends.cuda.matmul.allow_tf32": False, "torch.backends.cudnn.allow_tf32": True}
     for tf32 in (False, True):
         prec = resolve_precision("fp32", tf32=tf32)

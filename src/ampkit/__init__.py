@@ -22,6 +22,7 @@ _EXPORTS = {
     "Precision": "ampkit.policy",
     "resolve_precision": "ampkit.policy",
     "MixedPrecision": "ampkit.engine",
+    "AmpConfig": "ampkit.config",
     "save_checkpoint": "ampkit.checkpoint",
     "load_checkpoint": "ampkit.checkpoint",
     "restore": "ampkit.checkpoint",

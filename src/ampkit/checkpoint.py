@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import io
 import os
 import pickle
 import random
@@ -203,13 +205,27 @@ _SEQUENCES = (list, tuple, set)
 _MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
 
 
+@functools.cache
+def _weights_only_loads(kind: type) -> bool:
+    """Whether this torch's ``weights_only=True`` loader rebuilds ``kind`` (complex numbers and sets came in
+    later releases than torch 2.5): asked of torch itself once, with a tiny value."""
+    sample = {complex: 1j, set: {1}}[kind]
+    buf = io.BytesIO()
+    torch.save(sample, buf)
+    buf.seek(0)
+    try:
+        return torch.load(buf, weights_only=True) == sample
+    except Exception:  # noqa: BLE001 - the unpickler's refusal type differs between releases
+        return False
+
+
 def check_loadable(value: Any, where: str) -> None:
     """Raise a one-line :class:`CheckpointError` naming the first key of ``value`` that
     ``torch.load(weights_only=True)`` would refuse (an object, a function, a numpy array, ...)."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _PLAIN and (kind is not complex or _weights_only_loads(complex)):
         return
-    if kind in _SEQUENCES:
+    if kind in _SEQUENCES and (kind is not set or _weights_only_loads(set)):
         for i, item in enumerate(value):
             check_loadable(item, f"{where}[{i}]" if kind is not set else f"{where} item {_fmt(item)}")
         return
@@ -246,16 +262,14 @@ def _states(objs: Any) -> Any:
     return objs.state_dict()
 
 
-def _check_window(amp: Any, step: int) -> None:
+def _check_window(amp: Any, amp_state: dict[str, Any], step: int) -> None:
     """Refuse a save between the micro-steps of an accumulation window: the partial gradients are not
     in the checkpoint, so the resumed run would differ from an uninterrupted one."""
-    if amp is None:
-        return
-    window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    micro = int(amp.state_dict().get("micro", 0))
-    if window > 1 and micro % window:
+    pending = int(amp_state.get("window", 0))  # micro-steps since the last update (MixedPrecision.accumulation_pending)
+    if pending:
+        window = amp.accumulation_steps
         raise CheckpointError(
-            f"step {step}: saved in the middle of an accumulation window ({micro % window} of {window} micro-steps "
+            f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
             f"amp.step() call that ends a window (one in every {window} calls)")
 
@@ -273,13 +287,19 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     Refused with one :class:`CheckpointError` line, before anything is written: a value that
     ``torch.load(weights_only=True)`` would refuse (naming its key), and a save in the middle of an
     accumulation window.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> path = ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=None, step=7)
+    >>> path.name
+    'ckpt.pt'
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
-    _check_window(amp, step)
     # The engine's state first: it brings schedulers it drives on the device to their true position, so the
     # scheduler states saved next are current (before it, their last_epoch lags the applied steps).
     amp_state = amp.state_dict() if amp is not None else None
+    if amp_state is not None:
+        _check_window(amp, amp_state, step)
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -301,7 +321,13 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`,
-    and a plain ``torch.save`` file gets a message that says how to use it."""
+    and a plain ``torch.save`` file gets a message that says how to use it.
+
+    >>> _ = ampkit.save_checkpoint("ckpt.pt", model=torch.nn.Linear(2, 2), optimizer=None, step=7)
+    >>> state = ampkit.load_checkpoint("ckpt.pt")
+    >>> state["format"], state["step"], sorted(state["model"])
+    ('ampkit-checkpoint', 7, ['bias', 'weight'])
+    """
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)

@@ -12,7 +12,8 @@ What lives here and why it is needed:
   the engine's skip decision is the flag ``unscale_`` already computed, made to agree across ranks.
 * The fused-optimizer protocol (``_step_supports_amp_scaling``, ``grad_scale`` / ``found_inf``
   attributes read by fused ``step()``): how a skipped step is skipped on the device.
-* ``torch.nn.utils.get_total_norm`` (torch 2.6+), and ``torch._foreach_norm``.
+* ``torch.nn.utils.get_total_norm`` (torch 2.6+), and the ``torch._foreach_*`` kernels (one launch for
+  several small tensors: the engine's counters and learning rates).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = [
     "supports_found_inf",
     "fused_step",
     "total_norm",
+    "foreach_add_",
+    "foreach_copy_",
 ]
 
 
@@ -111,3 +114,13 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     norms = torch._foreach_norm(grads)
     return torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
+
+
+def foreach_add_(tensors: list[torch.Tensor], others: list[torch.Tensor]) -> None:
+    """``tensors[i] += others[i]`` in one launch."""
+    torch._foreach_add_(tensors, others)
+
+
+def foreach_copy_(tensors: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``tensors[i].copy_(sources[i])`` in one launch."""
+    torch._foreach_copy_(tensors, sources)

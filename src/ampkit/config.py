@@ -49,26 +49,11 @@ def _is_real(value: Any) -> bool:
 
 
 def _fp32_modules(value: Any) -> tuple[Any, ...]:
-    """The fp32_modules value as a tuple of specs (names / glob patterns / "preset:x" strings or module
-    types); detailed matching rules live in :mod:`ampkit.regions`."""
-    if value is None:
-        return ()
-    if isinstance(value, (str, type)):
-        value = [value]
-    try:
-        items = list(value)
-    except TypeError:
-        raise UsageError(f"fp32_modules takes module names, glob patterns ('*.norm'), presets ('preset:norm') "
-                         f"or module types, got {type(value).__name__}") from None
-    out: list[Any] = []
-    for item in items:
-        if isinstance(item, str):
-            out += [part.strip() for part in item.split(",") if part.strip()]
-        elif isinstance(item, type):
-            out.append(item)
-        else:
-            raise UsageError(f"fp32_modules entries are names, glob patterns or module types, got {item!r}")
-    return tuple(out)
+    """The fp32_modules value as a flat tuple of specs, checked by :func:`ampkit.regions.normalize_fp32_modules`
+    (imported here, lazily: it needs torch)."""
+    from ampkit.regions import normalize_fp32_modules
+
+    return normalize_fp32_modules(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,8 +12,21 @@ from __future__ import annotations
 import torch
 
 from ampkit import compat
+from ampkit.errors import TrainingHalted
 
-__all__ = ["DeviceCounters"]
+__all__ = ["DeviceCounters", "check_skip_limit"]
+
+
+def check_skip_limit(max_consec: float, limit: int | None, *, step: int, scale: float | None, scaler: bool) -> None:
+    """Raise :class:`~ampkit.errors.TrainingHalted` when ``max_consec`` skipped steps in a row reach ``limit``."""
+    if limit is None or max_consec < limit:
+        return
+    at = f" (scale {scale:g})" if scale is not None else ""
+    raise TrainingHalted(
+        f"{int(max_consec)} optimizer steps in a row had non-finite gradients{at}: training stopped at "
+        f"step {step}. Find the cause with `ampkit diagnose SCRIPT` "
+        + ("(and try --precision bf16 where the card has it, or a lower learning rate)"
+           if scaler else "(and try a lower learning rate or --precision fp32)"))
 
 
 class DeviceCounters:
@@ -36,10 +49,10 @@ class DeviceCounters:
     def count(self, found: torch.Tensor, norm: torch.Tensor) -> None:
         """Record one step: ``found`` 1.0 when it was skipped; ``norm`` the gradient norm."""
         skipped, consec, max_consec, last_norm, last, one = self._views
-        torch._foreach_add_([skipped, consec], [found, one])
+        compat.foreach_add_([skipped, consec], [found, one])
         consec.mul_(found)
         torch.maximum(max_consec, consec, out=max_consec)
-        torch._foreach_copy_([last_norm, last], [norm.detach().float(), found])
+        compat.foreach_copy_([last_norm, last], [norm.detach().float(), found])
 
     @property
     def last_skipped(self) -> torch.Tensor:

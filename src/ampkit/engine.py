@@ -40,13 +40,13 @@ from torch import nn
 
 from ampkit import compat, step as _step
 from ampkit.config import AmpConfig
-from ampkit.counters import DeviceCounters
+from ampkit.counters import DeviceCounters, check_skip_limit
 from ampkit.device import Device, detect_device
-from ampkit.errors import AmpkitError, TrainingHalted, UsageError
+from ampkit.errors import AmpkitError, UsageError
 from ampkit.policy import Precision, apply_tf32, resolve_precision
 from ampkit.schedule import Schedules
 from ampkit.step import is_fused
-from ampkit.windows import Windows
+from ampkit.windows import Windows, sync_context
 
 __all__ = ["MixedPrecision", "is_fused"]
 
@@ -112,6 +112,7 @@ class MixedPrecision:
         self._schedules = Schedules()
         self._counters: DeviceCounters | None = None
         self._capturing = False
+        self.fp32_regions: Any = None  # set by attach()
         self.graph = bool(graph)
         self.graph_fallback_reason: str | None = None  # set by graph_step when it runs eagerly
 
@@ -232,10 +233,11 @@ class MixedPrecision:
 
     def train_step(self, model: nn.Module, loss_fn: LossFn, batches: Sequence[Any],
                    *optimizers: torch.optim.Optimizer, scheduler: Any = None,
-                   parameters: Iterable[torch.Tensor] | None = None) -> torch.Tensor:
+                   parameters: Iterable[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """One whole optimizer step: ``accumulation_steps`` micro-batches, each forward under autocast and
         backward (under DDP ``no_sync`` / FSDP2 without gradient sync except the last), then :meth:`step`
-        and the scaler update. Returns the micro-batch losses (detached, float32, on the device).
+        and the scaler update. Returns the micro-batch losses (detached, on the device; a list, so that no
+        kernel is added to stack them).
 
         ``loss_fn(model, batch)`` returns the loss; ``batches`` is a sequence of exactly
         ``accumulation_steps`` micro-batches (``[batch]`` without accumulation).
@@ -248,14 +250,14 @@ class MixedPrecision:
         losses = []
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            with self._sync_context(model, enabled=not last), self.autocast():
+            with sync_context(model, enabled=not last), self.autocast():
                 loss = loss_fn(model, batch)
-            with self._sync_context(model, enabled=not last):
+            with sync_context(model, enabled=not last):
                 self.backward(loss)
-            losses.append(loss.detach().float().reshape(()))
+            losses.append(loss.detach())
             self.step(*optimizers, scheduler=scheduler, parameters=params)
         self.update()
-        return torch.stack(losses)
+        return losses
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
@@ -284,11 +286,11 @@ class MixedPrecision:
 
     # ------------------------------------------------------------------ step helpers
     def _check_weights(self, optimizer: torch.optim.Optimizer) -> None:
-        params = _step.params_of([optimizer])
-        if self._checked.get(optimizer) == len(params):
+        count = sum(len(g["params"]) for g in optimizer.param_groups)  # cheap: re-check only when it changes
+        if self._checked.get(optimizer) == count:
             return
-        _step.check_weights(params, self.precision.name, self.scaler is not None)
-        self._checked[optimizer] = len(params)
+        _step.check_weights(_step.params_of([optimizer]), self.precision.name, self.scaler is not None)
+        self._checked[optimizer] = count
 
     def sync_schedulers(self) -> None:
         """Bring every scheduler driven on the device (fused optimizers) to its true position: its
@@ -312,15 +314,8 @@ class MixedPrecision:
             self._halt_if_limit(self._counters.read_max_consecutive())  # one host read every `every` steps
 
     def _halt_if_limit(self, max_consec: float, scale: float | None = None) -> None:
-        limit = self.max_consecutive_skips
-        if limit is None or max_consec < limit:
-            return
-        at = f" (scale {scale:g})" if scale is not None else ""
-        raise TrainingHalted(
-            f"{int(max_consec)} optimizer steps in a row had non-finite gradients{at}: training stopped at "
-            f"step {self.steps}. Find the cause with `ampkit diagnose SCRIPT` "
-            + ("(and try --precision bf16 where the card has it, or a lower learning rate)"
-               if self.precision.use_scaler else "(and try a lower learning rate or --precision fp32)"))
+        check_skip_limit(max_consec, self.max_consecutive_skips, step=self.steps, scale=scale,
+                         scaler=self.precision.use_scaler)
 
     @property
     def last_skipped(self) -> torch.Tensor:
@@ -345,19 +340,28 @@ class MixedPrecision:
         return not is_fused(optimizer)
 
     # ------------------------------------------------------------------ distributed
-    def _sync_context(self, model: nn.Module, *, enabled: bool) -> Any:
-        if not enabled:
-            return contextlib.nullcontext()
-        if hasattr(model, "no_sync"):
-            return model.no_sync()
-        if hasattr(model, "set_requires_gradient_sync"):
-            return _fsdp_no_sync(model)
-        return contextlib.nullcontext()
-
     def no_sync(self, model: nn.Module) -> Any:
         """DDP's ``no_sync`` (FSDP2's ``set_requires_gradient_sync(False)``) on accumulation micro-steps;
         a no-op otherwise."""
-        return self._sync_context(model, enabled=self.accumulating)
+        return sync_context(model, enabled=self.accumulating)
+
+    # ------------------------------------------------------------------ FP32 regions
+    def attach(self, model: nn.Module) -> Any:
+        """Install the ``fp32_modules`` regions on ``model`` (forward hooks: autocast off and FP32 inputs in
+        the matched modules; the model's ``forward`` is not touched). Returns the regions (``.names``:
+        the modules matched), or None when ``fp32_modules`` is empty. :meth:`detach` removes them."""
+        from ampkit.regions import apply_fp32_regions
+
+        self.detach()
+        if self.config.fp32_specs:
+            self.fp32_regions = apply_fp32_regions(model, self.config.fp32_specs, device_type=self.device.type)
+        return self.fp32_regions
+
+    def detach(self) -> None:
+        """Remove the hooks :meth:`attach` installed (the model then behaves exactly as before)."""
+        if self.fp32_regions is not None:
+            self.fp32_regions.remove()
+            self.fp32_regions = None
 
     # ------------------------------------------------------------------ stats & state
     def stats(self) -> dict[str, Any]:
@@ -404,6 +408,8 @@ class MixedPrecision:
             # [skipped, consecutive, max_consecutive] as int64, the format since ampkit 0.1
             "counters": None if self._counters is None else self._counters.to_saved(),
             "config": self.config.to_dict(),
+            # the modules kept in FP32 (as matched by attach(); the specs when not attached)
+            "fp32_modules": self.config.to_dict()["fp32_modules"],  # the specs; attach() matched `names`
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
@@ -429,6 +435,10 @@ class MixedPrecision:
         elif scaler_state:
             notes.append(f"checkpoint was {saved} with a loss scaler; {self.precision.name} needs none: "
                          "scaler state dropped")
+        saved_fp32, now_fp32 = state.get("fp32_modules"), self.config.to_dict()["fp32_modules"]
+        if saved_fp32 is not None and list(saved_fp32) != now_fp32:
+            notes.append(f"checkpoint kept {list(saved_fp32) or 'no modules'} in FP32, this engine keeps "
+                         f"{now_fp32 or 'none'}: pass the same fp32_modules (and amp.attach(model)) to resume alike")
         for note in notes:
             warnings.warn(note, stacklevel=2)
         return notes
@@ -436,13 +446,3 @@ class MixedPrecision:
     def __repr__(self) -> str:
         return (f"MixedPrecision({self.precision.name}, device={self.device}, scaler={self.scaler is not None}, "
                 f"max_grad_norm={self.max_grad_norm}, accumulation_steps={self.accumulation_steps})")
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-

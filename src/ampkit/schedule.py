@@ -5,8 +5,9 @@ fused optimizer the skip flag lives on the device (reading it every step is the 
 So, for the optimizers whose skips stay on the device, :class:`DeviceSchedule` turns the schedule into
 data the device can index:
 
-* The learning rate of every parameter group becomes a device tensor (a float ``lr`` is replaced by a
-  float64 tensor of the same value, which torch's fused kernels read bit for bit like the float).
+* The learning rate of every parameter group becomes a device tensor: a float ``lr`` is replaced by a
+  tensor of the same value (float64 on the CPU, where the fused kernels then compute bit for bit as with
+  the float; float32 on accelerators, whose fused kernels read a tensor lr as float32).
 * The schedule is evaluated ahead on the host, in chunks (``CHUNK`` steps), by stepping the user's own
   scheduler on stand-in learning rates and restoring it afterwards: ``table[p]`` holds every group's
   learning rate after ``p`` applied steps. Any scheduler whose ``state_dict`` captures its state works
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ampkit import compat
 from ampkit.errors import UsageError
 from ampkit.step import is_fused
 
@@ -54,6 +56,12 @@ def check_scheduler(scheduler: Any) -> None:
                          f"{type(scheduler).__name__}")
 
 
+def _lr_dtype(device: torch.device) -> torch.dtype:
+    # The CPU's fused kernels compute with a double lr: a float64 tensor gives the float lr's results bit for
+    # bit. The accelerators' fused kernels read a tensor lr as float32 (and compute in float32).
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
 def _others(group: dict[str, Any]) -> dict[str, Any]:
     """A group's scalar hyperparameters other than lr (what OneCycleLR / CyclicLR also cycle)."""
     return {k: v for k, v in group.items() if k not in ("params", "lr") and isinstance(v, (int, float, tuple))}
@@ -69,7 +77,7 @@ class DeviceSchedule:
         for group in self.groups:
             lr = group["lr"]
             if not isinstance(lr, torch.Tensor):  # a fill, not a host copy: no sync on an accelerator
-                group["lr"] = torch.full((), float(lr), dtype=torch.float64, device=device)
+                group["lr"] = torch.full((), float(lr), dtype=_lr_dtype(device), device=device)
             elif lr.device != device:
                 raise UsageError(f"a tensor learning rate on {lr.device} while training on {device}: "
                                  f"make it with torch.tensor(lr, device={str(device)!r})")
@@ -102,7 +110,7 @@ class DeviceSchedule:
         if self.exhausted:  # past the end the last rate stays; sync() then raises the scheduler's own error
             index = index.clamp(max=self.table.shape[0] - 1)
         rows = self.table.index_select(0, index)[0]
-        torch._foreach_copy_(self.lrs, list(rows.unbind()))
+        compat.foreach_copy_(self.lrs, list(rows.unbind()))
 
     def sync(self) -> None:
         """Put the scheduler object at the device's position (one host read)."""

@@ -8,14 +8,16 @@ and a GAN's two optimizers, each with its own backward, each step every ``accumu
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
+from torch import nn
 
 from ampkit.errors import AmpkitError
 
-__all__ = ["Windows"]
+__all__ = ["Windows", "sync_context"]
 
 
 class Windows:
@@ -79,3 +81,23 @@ class Windows:
         """Forget every optimizer; new ones start at window position ``start`` (from a checkpoint)."""
         self.start = start
         self._by_opt.clear()
+
+
+def sync_context(model: nn.Module, *, enabled: bool) -> Any:
+    """DDP's ``no_sync()`` / FSDP2 without gradient sync when ``enabled`` (an accumulation micro-step)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    if hasattr(model, "no_sync"):
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

@@ -108,10 +108,10 @@ def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[t
 
 def _runners_for(config: BenchConfig, label: str, compiled: bool) -> list[str]:
     if config.runners:
-        names = [r for r in config.runners if r != "ampkit-graph" or not compiled]
-        return [r for r in names if not compiled or r not in PEERS]
+        return [r for r in config.runners if not compiled or r not in PEERS]
     if compiled:
-        return ["plain", "ampkit"]
+        # The compiled step captured whole (forward, backward, clip, fused optimizer) with --graph.
+        return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
     names = ["plain", "ampkit"]
     if config.graph:
         names.append("ampkit-graph")

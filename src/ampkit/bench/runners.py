@@ -4,7 +4,8 @@
   ``GradScaler(enabled=fp16)``, ``unscale_``, ``clip_grad_norm_``, ``scaler.step``, ``update``,
   fused AdamW. It is sync-free too (torch passes the found-inf flag to fused optimizers).
 * ``ampkit``: the same step through :class:`ampkit.MixedPrecision` (on-device skip counters added).
-* ``ampkit-graph``: ``MixedPrecision(graph=True).graph_step`` with fused capturable AdamW.
+* ``ampkit-graph``: ``MixedPrecision(graph=True).graph_step`` with the fused capturable optimizer; with
+  ``--compile`` the compiled forward and backward are captured into the same one-launch step.
 * ``lesson``: the lesson's full loop (section 5): host-side ``if not torch.isfinite(loss)`` every
   step and the default (non-fused) AdamW, then unscale, clip, step, update.
 * ``accelerate`` / ``fabric``: the same step through Hugging Face Accelerate and Lightning Fabric,
@@ -102,12 +103,11 @@ def _ampkit(ctx: Ctx) -> Built:
     opt = _optimizer(ctx, **_fused(ctx))
     fwd = ctx.forward
 
+    def loss_fn(_model: Any, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return fwd(b)  # the (maybe compiled) model + loss
+
     def step(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        with amp.autocast():
-            loss = fwd(b)
-        amp.backward(loss)
-        amp.step(opt)
-        return loss.detach()
+        return amp.train_step(ctx.model, loss_fn, [b], opt)[0]  # the engine's one eager step
 
     def finish() -> dict[str, Any]:
         s = amp.stats()
@@ -119,16 +119,17 @@ def _ampkit(ctx: Ctx) -> Built:
 def _ampkit_graph(ctx: Ctx) -> Built:
     from ampkit.engine import MixedPrecision
 
-    if ctx.compiled:
-        raise Unavailable("whole-step graphs are measured on eager models (torch.compile has its own cudagraphs)")
     amp = MixedPrecision(ctx.precision, max_grad_norm=ctx.max_grad_norm, device=ctx.device, graph=True)
+    # Compiled: the inductor kernels of the forward and backward are recorded into the same graph as the
+    # clip and the fused optimizer (one launch per step), instead of torch.compile's own cudagraphs.
+    loss_fn = (lambda model, b, fwd=ctx.forward: fwd(b)) if ctx.compiled else ctx.loss
     capturable = {"fused": True, "capturable": True} if ctx.device.graph_api() is not None else _fused(ctx)
     opt = _optimizer(ctx, **capturable)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback reason is recorded in the row instead
-        gstep = amp.graph_step(ctx.model, opt, ctx.loss, ctx.example_batch)
+        gstep = amp.graph_step(ctx.model, opt, loss_fn, ctx.example_batch)
 
     def step(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
         with warnings.catch_warnings():

@@ -77,6 +77,7 @@ class RunPlan:
     amp: Precision
     inits: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     first_task: Task | None = None
+    graph: bool | None = None  # TrainConfig.graph: the step as one device graph where possible (None)
 
     def task(self, seed: int) -> Task:
         """The seed's task with its recorded initial weights (recorded on first use)."""
@@ -91,14 +92,16 @@ class RunPlan:
         return task
 
     def run(self, seed: int, precision: Precision, *, fp32_modules: tuple[str, ...] = (), lr: float | None = None,
-            steps: int | None = None, evaluate: bool = True, progress: Progress | None = None) -> tuple[Task, Run]:
-        """Train one seed in ``precision`` (the plan's learning rate unless ``lr``); return the task and the run."""
+            steps: int | None = None, evaluate: bool = True, progress: Progress | None = None,
+            graph: bool | None = None) -> tuple[Task, Run]:
+        """Train one seed in ``precision`` (the plan's learning rate unless ``lr``, the plan's graph setting
+        unless ``graph``); return the task and the run."""
         t0 = time.perf_counter()
         task = self.task(seed)
         config = TrainConfig(task=task.name, precision=precision.name, steps=steps or self.steps, seed=seed,
                              log_every=min(self.log_every, steps or self.steps), evaluate=evaluate,
                              lr=lr if lr is not None else self.lr, max_consecutive_skips=None,
-                             **_regions_field(fp32_modules))
+                             graph=self.graph if graph is None else graph, **_regions_field(fp32_modules))
         with _regions(task, fp32_modules, precision):
             result = train(config, task=task, precision=precision, progress=progress)
         metric, value = _final_value(task, result) if evaluate else ("training loss", float("nan"))
