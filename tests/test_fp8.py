@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import ampkit
 from ampkit.cli import main
 from ampkit.device import detect_device
 from ampkit.engine import MixedPrecision
@@ -231,3 +233,31 @@ def test_gpu_fp8_training_step_compiled_close_to_bf16(recipe):
     err = float((out8.float() - out_ref.float()).abs().max() / out_ref.float().abs().max())
     assert err < 0.1, err
     assert type(model[0]).__name__ == "Float8Linear" and torch.isfinite(model[0].weight.grad).all()
+
+
+def _fp8_task(seed: int = 0):
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(512, 256, generator=g), torch.randint(0, 16, (512,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 16))
+
+    def batch(step):
+        i = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(step))
+        return x[i], y[i]
+
+    return ampkit.Task(name="fp8-mlp", model=model, batch=batch,
+                       loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), samples_per_batch=64)
+
+
+def test_train_in_fp8_converts_the_layers_and_says_which():
+    # FP8 is refused on this CPU, but torchao's Float8Linear runs here: a Precision named fp8 (BF16 autocast,
+    # what resolve_precision gives on an FP8 card) shows that the trainer converts before training.
+    pytest.importorskip("torchao")
+    fp8 = dataclasses.replace(resolve_precision("bf16", "cpu"), name="fp8", reason="test: fp8 on the CPU")
+    task = _fp8_task()
+    result = ampkit.train(ampkit.TrainConfig(task="fp8-mlp", precision="fp8", steps=3, evaluate=False),
+                          task=task, precision=fp8)
+    assert [type(m).__name__ for m in task.model if not isinstance(m, torch.nn.ReLU)] == \
+        ["Float8Linear", "Float8Linear", "Linear"]  # the output head stays in BF16
+    assert any(n.startswith("FP8 tensorwise: 2 of 3 linear layers converted") for n in result.notes), result.notes
+    assert result.final_loss is not None

@@ -91,8 +91,11 @@ class TrainConfig:
     stop_signal: str | None = None
     stop_check_every: int = 10
     graph: bool | None = None
+    fp8_recipe: str = "tensorwise"  # with precision "fp8": torchao's "tensorwise" or "rowwise" scaling
 
     def validate(self) -> None:
+        if self.fp8_recipe not in ("tensorwise", "rowwise"):
+            raise UsageError(f"fp8_recipe must be 'tensorwise' or 'rowwise', got {self.fp8_recipe!r}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps must be a positive number of optimizer steps, got {self.steps}")
         for name in ("log_every", "accumulation_steps", "keep"):

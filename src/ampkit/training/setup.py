@@ -147,6 +147,11 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
     notes: list[str] = []
     strategy = _strategy(config, ctx, notes)
     model = task.model.to(device.torch_device)
+    if precision.name == "fp8":
+        # torchao's Float8Linear in place of the chosen nn.Linear layers, before any wrapper (same Parameters).
+        from ampkit.fp8 import convert
+
+        notes.append(convert(model, recipe=config.fp8_recipe).summary())
     if config.fp32_modules and ctx is not None and strategy == "fsdp" and precision.is_low_precision:
         raise UsageError("--fp32-modules with --strategy fsdp is not supported yet (FSDP2 gathers every weight in "
                          f"{precision.name}, so an FP32 region would meet low-precision weights): use --strategy ddp")
@@ -157,6 +162,8 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
         regions = apply_fp32_regions(unwrap(model), config.fp32_modules, device_type=device.type)
         notes.append(f"FP32 regions: {', '.join(regions.names)}")
     blocker = graph_blocker(config, ctx, task, callbacks, device)
+    if blocker is None and precision.name == "fp8":
+        blocker = "FP8 layers (torchao) are not captured as a step graph yet"
     optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused, capturable=blocker is None)
     scheduler = task.make_scheduler(optimizer, total) if task.make_scheduler is not None else None
     if blocker is None and scheduler is not None:
