@@ -157,7 +157,7 @@ def main() -> None:
     except OSError:
         commit = None
     payload = {"benchmark": "diagnose per-step overhead (CPU)", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "commit": commit, "torch": torch.__version__, "python": platform.python_version(),
+               "git_commit": commit, "torch": torch.__version__, "python": platform.python_version(),
                "cpus": os.cpu_count(), "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
                "workloads": results}
     text = json.dumps(payload, indent=2)

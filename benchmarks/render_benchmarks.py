@@ -45,6 +45,8 @@ def kind_of(data: dict) -> str:
         return "doctor"
     if "throughput_samples_per_s" in data:
         return "distributed"
+    if "benchmark" in data and isinstance(data.get("results"), list) and "summary" in data:
+        return "rounds"  # a script under benchmarks/ that measures configurations in rounds (e.g. fp8_h200.py)
     raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json "
                       "or the distributed summary)")
 
@@ -61,6 +63,8 @@ def load_results(folder: Path = RESULTS) -> list[dict]:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict):
                 raise ResultError("not a JSON object")
+            if not data.get("git_commit") and (data.get("versions") or {}).get("git_commit"):
+                data["git_commit"] = data["versions"]["git_commit"]  # `ampkit bench --json` records it there
             if not data.get("git_commit"):
                 raise ResultError("no git_commit: record it with "
                                   f"`python benchmarks/render_benchmarks.py --stamp {_rel(path)}`")
@@ -80,7 +84,7 @@ def _card(data: dict) -> str:
     device = data.get("device")
     if isinstance(device, dict) and device.get("name"):
         return device["name"]
-    return data.get("machine", "not recorded")
+    return data.get("card") or data.get("machine") or "not recorded"
 
 
 def _torch(data: dict) -> str:
@@ -198,9 +202,15 @@ def bench_section(model: str, files: list[dict]) -> list[str]:
         peak_vs = (row["peak_mem_bytes"] - plain["peak_mem_bytes"]
                    if plain and row.get("peak_mem_bytes") is not None and plain.get("peak_mem_bytes") is not None
                    else None)
-        cells = [row["precision"], mode, RUNNER_NAMES.get(row["runner"], row["runner"]), _ms(row["ms_per_step"]),
+        ms = _ms(row["ms_per_step"])
+        if row.get("ms_spread") and len(row.get("ms_rounds") or []) > 1:
+            ms += f" ({_ms(row['ms_spread'][0])}-{_ms(row['ms_spread'][1])}, {len(row['ms_rounds'])} rounds)"
+        ratio = _ratio(row.get("ratio_to_plain"))
+        if row.get("ratio_spread") and row["runner"] != "plain":
+            ratio += f" ({_ratio(row['ratio_spread'][0])}-{_ratio(row['ratio_spread'][1])})"
+        cells = [row["precision"], mode, RUNNER_NAMES.get(row["runner"], row["runner"]), ms,
                  _rate(row.get("tokens_per_s") if tokens else row.get("samples_per_s")), _pct(row.get("mfu")),
-                 _mib(row.get("peak_mem_bytes")), _signed_bytes(peak_vs), _ratio(row.get("ratio_to_plain")),
+                 _mib(row.get("peak_mem_bytes")), _signed_bytes(peak_vs), ratio,
                  "" if row.get("host_syncs_per_step") is None else f"{row['host_syncs_per_step']:g}"]
         if lesson:
             cells.append(f"{lesson_row['ms_per_step'] / row['ms_per_step']:.1f}x"
@@ -251,6 +261,45 @@ def compare_section(files: list[dict]) -> list[str]:
                      f"{sources.ref(d)} |")
     lines += [""] + sources.render(lambda d: f"`ampkit compare --precision {d['precision']}` on {d['task']}: "
                                              f"seeds {d.get('seeds')}, {d.get('steps')} steps each")
+    return lines
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def rounds_section(name: str, files: list[dict]) -> list[str]:
+    """A benchmark script's configurations measured in rounds: median step time and the rounds' spread."""
+    d = sorted(files, key=lambda d: _date(d))[-1]
+    sources = Sources()
+    letter = sources.ref(d)
+    lines = [f"## {name}", ""]
+    by_shape: dict[str, dict[str, list[dict]]] = {}
+    for r in d["results"]:
+        by_shape.setdefault(r["shape"], {}).setdefault(r["config"], []).append(r)
+    for shape, configs in by_shape.items():
+        summary = d["summary"].get(shape, {})
+        shape_desc = d.get("shapes", {}).get(shape)
+        lines += [f"### {shape}", ""]
+        if shape_desc:
+            lines += [_cell(", ".join(f"{k} {v}" for k, v in shape_desc.items())) + ".", ""]
+        lines += ["| config | ms/step (median) | rounds' ms/step | tokens/s (median) | peak GiB | speed-up vs bf16 (rounds) | "
+                  "final loss | source |", "|---|---|---|---|---|---|---|---|"]
+        for config, rows in configs.items():
+            times = sorted(r["ms_per_step"] for r in rows)
+            s = summary.get(config, {}) if isinstance(summary.get(config), dict) else {}
+            speed = (f"{s['speedup_vs_bf16']:.3f} ({', '.join(f'{x:.3f}' for x in s.get('speedups_per_round', []))})"
+                     if "speedup_vs_bf16" in s else "1 (reference)" if config == "bf16" else "")
+            losses = ", ".join(format(r["final_loss"], ".4f") for r in rows)
+            lines.append(f"| {config} | {_ms(_median(times))} | {', '.join(_ms(t) for t in times)} | "
+                         f"{_rate(_median([r['tokens_per_s'] for r in rows]))} | "
+                         f"{max(r['peak_memory_gib'] for r in rows):.2f} | {speed} | "
+                         f"{losses} | {letter} |")
+        lines.append("")
+    if d.get("skipped"):
+        lines += [f"Not measured: {_cell(d['skipped'])}", ""]
+    lines += sources.render(lambda d: "; ".join(f"{k}: {v}" for k, v in (d.get("method") or {}).items()))
     return lines
 
 
@@ -327,6 +376,11 @@ def render(results: list[dict] | None = None) -> str:
     order = ["gpt2-small", "charlm", "lesson", "digits"]
     for model in sorted(models, key=lambda m: (order.index(m) if m in order else 99, m)):
         out += bench_section(model, models[model]) + [""]
+    rounds: dict[str, list[dict]] = {}
+    for data in by_kind.get("rounds", []):
+        rounds.setdefault(data["benchmark"], []).append(data)
+    for name in sorted(rounds):
+        out += rounds_section(name, rounds[name]) + [""]
     if by_kind.get("compare"):
         out += compare_section(by_kind["compare"]) + [""]
     if by_kind.get("distributed"):

@@ -227,11 +227,13 @@ def test_plain_torch_checkpoint_is_explained_and_restorable(tmp_path):
     msg = str(err.value)
     assert len(msg.splitlines()) == 1
     assert "plain torch checkpoint" in msg and "'model', 'optimizer', 'step'" in msg
-    assert "ampkit.restore(torch.load(" in msg and "weights_only=True" in msg
+    assert f"ampkit.restore(torch.load({str(p)!r}, weights_only=True), model=model, optimizer=optimizer)" in msg
     # ... and what the message says works:
     fresh, fresh_opt = _parts()
-    r = ampkit.restore(torch.load(p, weights_only=True), model=fresh, optimizer=fresh_opt)
-    assert r.step == 7 and any("no RNG state" in n for n in r.notes)
+    sched = torch.optim.lr_scheduler.StepLR(fresh_opt, 1)
+    r = ampkit.restore(torch.load(p, weights_only=True), model=fresh, optimizer=fresh_opt, scheduler=sched)
+    assert r.step == 7 and r.notes[0] == "the checkpoint has no scheduler state: the scheduler starts fresh"
+    assert r.notes[1].startswith("not an ampkit checkpoint: no RNG state was restored") and len(r.notes) == 2
     assert torch.equal(fresh.weight, model.weight)
     assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
 
@@ -245,6 +247,7 @@ def test_model_state_dict_file_is_explained_and_restorable(tmp_path):
     fresh, _ = _parts()
     r = ampkit.restore(torch.load(p, weights_only=True), model=fresh)
     assert r.step == 0 and torch.equal(fresh.bias, model.bias)
+    assert r.notes == ("a model state_dict: only the model was restored (no optimizer, engine or RNG state in it)",)
 
 
 def test_not_a_dict_and_unknown_dicts(tmp_path):
@@ -253,7 +256,7 @@ def test_not_a_dict_and_unknown_dicts(tmp_path):
     with pytest.raises(CheckpointError, match="not an ampkit checkpoint .*holds a list"):
         load_checkpoint(p)
     model, _ = _parts()
-    with pytest.raises(CheckpointError, match="neither an ampkit checkpoint"):
+    with pytest.raises(CheckpointError, match="^restore got a dict that is neither an ampkit checkpoint.*keys: weights$"):
         ampkit.restore({"weights": 1}, model=model)
     with pytest.raises(CheckpointError, match="is a folder"):
         load_checkpoint(tmp_path)
@@ -412,3 +415,70 @@ def test_mid_accumulation_save_is_refused(tmp_path):
     amp.backward(model(torch.randn(3, 4)).sum())
     amp.step(opt)  # the window is complete: saving is exact again
     assert load_checkpoint(save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, amp=amp, step=1))["step"] == 1
+
+
+def test_plain_checkpoint_scaler_goes_into_the_engine():
+    """The tutorials' {"model", "optimizer", "scaler"} dict: the GradScaler state feeds an fp16 engine's scaler;
+    an engine without one says the state was dropped."""
+    model, opt = _parts()
+    scaler = torch.amp.GradScaler("cpu", init_scale=128.0)
+    state = {"model_state_dict": model.state_dict(), "optimizer_state_dict": opt.state_dict(),
+             "scaler": scaler.state_dict(), "step": 3}
+    amp = ampkit.MixedPrecision("fp16")
+    r = ampkit.restore(state, model=model, optimizer=opt, amp=amp)
+    assert r.step == 3 and amp.stats()["scale"] == 128.0
+    r = ampkit.restore(state, model=model, optimizer=opt, amp=ampkit.MixedPrecision("bf16"))
+    assert any("scaler state was dropped" in n for n in r.notes)
+
+
+def test_fsdp2_keeps_plain_names_and_its_shards_are_refused_in_one_file(tmp_path):
+    """fully_shard shards in place: the names stay plain, the values are DTensors. torch.load(weights_only=True)
+    would read them back, but a one-file checkpoint of shards cannot feed a plain model: refused, naming DCP."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        names = list(model.state_dict())
+        fully_shard(model)
+        assert list(model.state_dict()) == names
+        with pytest.raises(CheckpointError, match=r'^model\["0.weight"\]: .*DTensor is not loadable .*DCP'):
+            save_checkpoint(tmp_path / "a.pt", model=model, optimizer=None, step=1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rng_states_of_python_numpy_and_torch_come_back():
+    import random
+
+    from ampkit.checkpoint import rng_state, set_rng_state
+
+    state = rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    set_rng_state(state)
+    got = (random.random(), np.random.rand(), torch.rand(1))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_engine_state_comes_back_and_its_notes_are_returned_not_warned(tmp_path):
+    """A backed-off fp16 scale and a skipped step survive save/restore; restoring into another precision
+    returns the engine's note instead of warning."""
+    import warnings
+
+    model, opt = _parts()
+    amp = ampkit.MixedPrecision("fp16", init_scale=2.0**10)
+    amp.backward(model(torch.full((2, 4), float("inf"))).sum())
+    amp.step(opt)  # non-finite: skipped, the scale backs off
+    saved = amp.stats()
+    assert saved["skipped"] == 1 and saved["scale"] == 2.0**9
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, amp=amp, step=1)
+    fresh = ampkit.MixedPrecision("fp16")
+    assert ampkit.restore(p, model=model, optimizer=opt, amp=fresh).notes == ()
+    got = fresh.stats()
+    assert (got["skipped"], got["scale"], got["steps"]) == (saved["skipped"], saved["scale"], saved["steps"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = ampkit.restore(p, model=model, optimizer=opt, amp=ampkit.MixedPrecision("bf16"))
+    assert len(r.notes) == 1 and "scaler state dropped" in r.notes[0]

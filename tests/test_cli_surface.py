@@ -11,13 +11,13 @@ CONTRACT = {
     "doctor": ["--precision", "--json"],
     "train": ["--task", "--precision", "--steps", "--seed", "--out", "--ckpt-every", "--resume", "--log-every",
               "--strategy", "--nproc", "--max-restarts", "--init-scale", "--callback", "--stop-signal",
-              "--stop-check-every"],
+              "--stop-check-every", "--no-graph", "--fp32-modules"],
     "compare": ["--task", "--precision", "--seeds", "--steps", "--out", "--fp32-modules", "--explain",
-                "--explain-budget"],
+                "--explain-budget", "--no-graph"],
     "audit": ["--task", "--precision", "--json", "--fp32-modules"],
     "diagnose": ["--steps", "--json"],
     "migrate": ["--fix", "--target", "--select", "--json", "--jobs"],
-    "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json"],
+    "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json", "--rounds"],
 }
 
 

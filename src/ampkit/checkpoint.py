@@ -262,14 +262,12 @@ def _states(objs: Any) -> Any:
     return objs.state_dict()
 
 
-def _check_window(amp: Any, step: int) -> None:
+def _check_window(amp: Any, amp_state: dict[str, Any], step: int) -> None:
     """Refuse a save between the micro-steps of an accumulation window: the partial gradients are not
     in the checkpoint, so the resumed run would differ from an uninterrupted one."""
-    if amp is None:
-        return
-    window = int(getattr(amp, "accumulation_steps", 1) or 1)
-    pending = int(amp.accumulation_pending)  # counted per optimizer: right for several optimizers too
-    if window > 1 and pending:
+    pending = int(amp_state.get("window", 0))  # micro-steps since the last update (MixedPrecision.accumulation_pending)
+    if pending:
+        window = amp.accumulation_steps
         raise CheckpointError(
             f"step {step}: saved in the middle of an accumulation window ({pending} of {window} micro-steps "
             f"done): the partial gradients are not saved, so a resume would differ; save right after the "
@@ -289,13 +287,19 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     Refused with one :class:`CheckpointError` line, before anything is written: a value that
     ``torch.load(weights_only=True)`` would refuse (naming its key), and a save in the middle of an
     accumulation window.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> path = ampkit.save_checkpoint("ckpt.pt", model=model, optimizer=None, step=7)
+    >>> path.name
+    'ckpt.pt'
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
-    _check_window(amp, step)
     # The engine's state first: it brings schedulers it drives on the device to their true position, so the
     # scheduler states saved next are current (before it, their last_epoch lags the applied steps).
     amp_state = amp.state_dict() if amp is not None else None
+    if amp_state is not None:
+        _check_window(amp, amp_state, step)
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -317,7 +321,13 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
     """Load with ``weights_only=True``; any problem becomes a one-line :class:`CheckpointError`,
-    and a plain ``torch.save`` file gets a message that says how to use it."""
+    and a plain ``torch.save`` file gets a message that says how to use it.
+
+    >>> _ = ampkit.save_checkpoint("ckpt.pt", model=torch.nn.Linear(2, 2), optimizer=None, step=7)
+    >>> state = ampkit.load_checkpoint("ckpt.pt")
+    >>> state["format"], state["step"], sorted(state["model"])
+    ('ampkit-checkpoint', 7, ['bias', 'weight'])
+    """
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)

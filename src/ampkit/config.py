@@ -75,6 +75,11 @@ class AmpConfig:
             calls ``stats()``; ``stats()`` checks it too.
         fp32_modules: modules that run in FP32 with autocast off: qualified names, glob patterns
             (``"*.norm"``), presets (``"preset:norm"``) or module types; see :mod:`ampkit.regions`.
+
+    >>> cfg = ampkit.AmpConfig.preset("fp16-safe", max_grad_norm=0.5)
+    >>> cfg.init_scale, cfg.max_grad_norm, cfg.fp32_modules
+    (1024.0, 0.5, ('preset:norm',))
+    >>> amp = ampkit.MixedPrecision("fp16", config=cfg, device="cpu")
     """
 
     max_grad_norm: float | None = None

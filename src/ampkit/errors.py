@@ -53,9 +53,9 @@ class DeviceError(UsageError):
 class PrecisionUnsupported(AmpkitError, ValueError):
     """An explicit precision request the device cannot honour. The message names the card and the fix.
 
-    >>> try:
-    ...     ampkit.resolve_precision("bf16", "musa")     # on an MTT S80: FP16 only
-    ... except ampkit.PrecisionUnsupported as exc:       # doctest: +SKIP
+    >>> try:                                             # doctest: +SKIP
+    ...     ampkit.resolve_precision("bf16")             # on an MTT S80, which has FP16 only
+    ... except ampkit.PrecisionUnsupported as exc:
     ...     print(exc)
     MTT S80 (QY1, capability 2.1) supports FP16 only: use --precision fp16 ...
     """

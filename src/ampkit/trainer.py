@@ -51,6 +51,10 @@ class TrainConfig:
     ``stop_check_every``: with several ranks, how often (in steps) they agree on a stop: one small
     all_reduce and one host read every N steps; a stop takes effect at most N steps after the signal.
     ``init_scale``: the FP16 loss scaler's initial scale (default 65536).
+    ``graph``: capture the whole training step (forward, backward, clip, optimizer, scaler) as one device
+    graph where it can (CUDA graphs; MUSA graphs from QY2 on). None (the default): wherever possible, and
+    one note says why not where it is not; False: eager steps (``--no-graph``). Losses, skips, metrics,
+    checkpoints and resume are the same either way.
     ``fp32_modules``: modules kept in FP32 under autocast (names, globs such as ``"*.norm"``, module
     types, presets such as ``"preset:norm"``; a comma-separated string too): see :mod:`ampkit.regions`.
 
@@ -86,6 +90,7 @@ class TrainConfig:
     callbacks: tuple[Any, ...] = ()
     stop_signal: str | None = None
     stop_check_every: int = 10
+    graph: bool | None = None
 
     def validate(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -145,6 +150,7 @@ class TrainResult:
     interrupted_by: str | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    step_graph: bool = False  # the step ran as one replayed device graph (TrainConfig.graph)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,4 +218,5 @@ def _train(run: Run, progress: Progress | None) -> TrainResult:
         interrupted_by=done.interrupted_by,
         notes=run.notes,
         warnings=sink.warnings,
+        step_graph=done.graph_captured,
     )

@@ -98,3 +98,25 @@ def test_readme_figures_come_from_the_results():
     shown = [c.replace("*", "").strip().split(" ")[0] for c in syncs.split("|")[2:-1]]
     expected = [f"{rows[r]['host_syncs_per_step']:g}" for r in ("plain", "lesson", "accelerate", "fabric", "ampkit")]
     assert shown == expected
+
+
+def test_unknown_kind_is_refused_and_bench_commit_is_read_from_versions(tmp_path):
+    rb = _render_module()
+    (tmp_path / "odd.json").write_text(json.dumps({"git_commit": "abc", "figures": [1, 2]}), encoding="utf-8")
+    with pytest.raises(rb.ResultError, match="odd.json: unknown kind of result"):
+        rb.load_results(tmp_path)
+    (tmp_path / "odd.json").unlink()
+    bench = json.loads((ROOT / "benchmarks" / "results" / "h200-digits-graph.json").read_text(encoding="utf-8"))
+    del bench["git_commit"]
+    bench["versions"]["git_commit"] = "0123456789abcdef"   # where `ampkit bench --json` records it
+    (tmp_path / "b.json").write_text(json.dumps(bench), encoding="utf-8")
+    assert "`0123456789ab`" in rb.render(rb.load_results(tmp_path))
+
+
+def test_rounds_files_show_every_round(tmp_path):
+    rb = _render_module()
+    page = rb.render(rb.load_results(ROOT / "benchmarks" / "results"))
+    fp8 = json.loads((ROOT / "benchmarks" / "results" / "h200-2026-12-01-fp8.json").read_text(encoding="utf-8"))
+    for r in fp8["results"]:
+        assert rb._ms(r["ms_per_step"]) in page
+    assert f"## {fp8['benchmark']}" in page

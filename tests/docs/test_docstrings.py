@@ -46,3 +46,16 @@ def test_the_api_reference_page_documents_every_public_name():
     for name in NAMES:
         module = getattr(ampkit, name).__module__
         assert f"::: {module}.{name}\n" in page, f"add `::: {module}.{name}` to docs/api/reference.md"
+
+
+@pytest.mark.parametrize("cls,heading", [("Task", "## `ampkit.Task`"), ("TrainConfig", "## `ampkit.TrainConfig`")])
+def test_the_tasks_page_has_a_row_for_every_field(cls, heading):
+    # docs/api/tasks.md: one table row per dataclass field, so a new field cannot go undocumented.
+    import dataclasses
+
+    from docs_examples import ROOT
+
+    page = (ROOT / "docs" / "api" / "tasks.md").read_text(encoding="utf-8")
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    for f in dataclasses.fields(getattr(ampkit, cls)):
+        assert f"| `{f.name}` |" in section, f"ampkit.{cls}.{f.name} has no row in docs/api/tasks.md"

@@ -107,3 +107,53 @@ def test_rankings_of_two_steps_merge_per_module():
     assert [m["module"] for m in merged] == ["a", "b", "(M)"]  # None (inf/NaN) ranks first, the root last
     assert merged[0]["added_by_step"] == {"0": 0.5, "20": None} and merged[0]["step"] == 20
     assert merged[1]["added"] == 0.9 and merged[1]["events"] == ["overflow: x"]
+
+
+def test_module_errors_name_the_absorbed_overflow_in_the_right_module():
+    import torch
+    from torch import nn
+
+    from ampkit.policy import resolve_precision
+    from ampkit.verify.locate import module_errors
+    from overflow_norm_task import HandNorm
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), HandNorm(32), nn.ReLU(), nn.Linear(32, 4))
+    x, y = 4 * torch.randn(64, 16), torch.randint(0, 4, (64,))
+    loss = lambda: nn.functional.cross_entropy(model(x), y)  # noqa: E731
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    errors = module_errors(model, loss, resolve_precision("fp16", "cpu"), scale=2.0**16)
+    top = errors[0]
+    assert top.module == "1" and top.type == "HandNorm" and top.fwd == 1.0  # its output is all zeros in FP16
+    assert any(e.startswith("overflow: pow gave inf/NaN in float16 (forward); absorbed") for e in top.events)
+    by = {e.module: e for e in errors}
+    assert by["0"].fwd < 1e-2 and by["3"].fwd < 1e-2 and not by["0"].events  # FP16 rounding only
+    assert by["3"].cumulative_fwd > 0.5  # downstream of the norm the whole pass is wrong
+    assert errors[-1].module == "(Sequential)"  # the root last
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()) and model[0].weight.grad is None
+    bf16 = module_errors(model, loss, resolve_precision("bf16", "cpu"))
+    assert all(not e.events for e in bf16) and max(e.added for e in bf16) < 0.05  # BF16 has FP32's range
+
+
+def test_recommendation_commands_for_each_kind():
+    import types
+
+    from ampkit.policy import resolve_precision
+    from ampkit.verify.explain import _recommend
+    from ampkit.verify.runs import RunPlan
+
+    plan = RunPlan(make=None, seeds=(0, 1, 2), steps=600, log_every=15, lr=None,
+                   fp32=resolve_precision("fp32", "cpu"), amp=resolve_precision("bf16", "cpu"))
+    ctx = types.SimpleNamespace(plan=plan, task_spec="charlm", task_options={"d_model": 256})
+    base = {"change": "c", "fp32_modules": [], "lr": None, "verdict": "pass"}
+    fp16 = _recommend(ctx, [{**base, "kind": "precision", "precision": "fp16"}])
+    assert fp16["flags"] == "--precision fp16"
+    assert fp16["compare_command"] == "ampkit compare --task charlm --task-arg d_model=256 --precision fp16 --seeds 3 --steps 600"
+    assert fp16["train_command"] == "ampkit train --task charlm --task-arg d_model=256 --precision fp16"
+    lr = {**base, "kind": "lr", "precision": "bf16", "lr": 5e-4}
+    regions = {**base, "kind": "fp32_modules", "precision": "bf16", "fp32_modules": ["head"]}
+    fail = {**regions, "fp32_modules": ["blocks.0"], "verdict": "fail"}
+    best = _recommend(ctx, [lr, fail, regions])  # the fewest FP32 modules win over a learning-rate change
+    assert best["flags"] == "--fp32-modules head" and best["python"].startswith("ampkit.MixedPrecision('bf16', fp32_modules=['head'])")
+    assert _recommend(ctx, [lr])["compare_command"].endswith("--precision bf16 --seeds 3 --steps 600 --lr 0.0005")
+    assert _recommend(ctx, [fail]) is None

@@ -39,6 +39,9 @@ def register(sub, formatter_class):
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="compare.json, report.html and PNGs go here")
     p.add_argument("--no-audit", action="store_true", help="skip the per-op dtype audit in the report")
     p.add_argument("--json", action="store_true", help="print compare.json on stdout instead of a summary")
+    p.add_argument("--no-graph", action="store_true",
+                   help="eager steps only (by default, on a device with graphs, both precisions replay the whole "
+                        "step as one device graph and short eager runs give the eager speed-up too)")
     add_fp32_modules_arg(p)
     p.add_argument("--explain", action="store_true",
                    help="rank the modules by the error they add (at the start and where the AMP curve leaves the "
@@ -92,7 +95,7 @@ def run(args) -> int:
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
-                         explain_factor=factor)
+                         explain_factor=factor, graph=False if args.no_graph else None)
     if args.json:
         print_json(result.to_dict())
     else:

@@ -43,6 +43,9 @@ def register(sub, formatter_class):
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     p.add_argument("--tf32", action="store_true", default=None, help="allow TF32 for FP32 matmuls")
     p.add_argument("--no-fused", action="store_true", help="use the foreach AdamW instead of the fused one")
+    p.add_argument("--no-graph", action="store_true",
+                   help="eager steps: do not capture the whole step as one device graph (captured by default "
+                        "where the device, the model and the run allow it; a note says why not otherwise)")
     p.add_argument("--tensorboard", action="store_true", help="also log to DIR/tensorboard (needs tensorboard)")
     p.add_argument("--init-scale", type=float, default=None, metavar="X",
                    help="FP16: the loss scaler's initial scale (default 65536; `ampkit diagnose --fp16-range` "
@@ -134,7 +137,7 @@ def run(args) -> int:
         resume=args.resume, max_grad_norm=args.max_grad_norm or None, accumulation_steps=args.accumulation_steps,
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
         tensorboard=args.tensorboard, strategy=args.strategy, init_scale=args.init_scale,
-        fp32_modules=args.fp32_modules,
+        fp32_modules=args.fp32_modules, graph=False if args.no_graph else None,
         callbacks=tuple(args.callback), stop_signal=args.stop_signal, stop_check_every=args.stop_check_every,
     )
     config.validate()

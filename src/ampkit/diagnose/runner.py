@@ -20,7 +20,7 @@ import torch
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.fp16range import RangeReport
 from ampkit.diagnose.instrument import Instrumentation, StopRun
-from ampkit.diagnose.tracking import short_path
+from ampkit.diagnose.tracking import is_ampkit_file, short_path
 from ampkit.errors import AmpkitError, UsageError, first_line
 
 __all__ = ["DiagnoseResult", "diagnose_script", "fp16_range_script"]
@@ -96,12 +96,14 @@ def _exit_status(code) -> int:
 
 def script_traceback(exc: BaseException, is_user_file) -> str:
     """The traceback Python would print for the script: from its first frame on (runpy and ampkit's
-    runner frames above it dropped), with the exception line(s) at the end."""
+    runner frames above it dropped, and the frames of ampkit's wrappers inside it), with the
+    exception line(s) at the end."""
     tb = exc.__traceback__
     while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    lines = ["Traceback (most recent call last):\n"] if tb is not None else []
-    lines += traceback.format_list(traceback.extract_tb(tb)) if tb is not None else []
+    frames = [f for f in traceback.extract_tb(tb) if not is_ampkit_file(f.filename)] if tb is not None else []
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines).rstrip("\n")
 

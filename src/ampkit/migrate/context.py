@@ -67,6 +67,11 @@ class Context:
             value = value()
         return {q.name for q in value}
 
+    def is_torch(self, node: cst.BaseExpression) -> bool:
+        """Whether ``node`` is the name the module binds to ``torch`` (``torch``, ``th``): a syntactic
+        check, so a rule that needs only this never pays for the scope analysis behind qualified names."""
+        return isinstance(node, cst.Name) and node.value == self.torch_name
+
     def callee(self, func: cst.BaseExpression) -> str | None:
         """The name a call really calls: ``GradScaler`` for ``Scaler()`` after
         ``from torch.amp import GradScaler as Scaler``; else the written last name."""

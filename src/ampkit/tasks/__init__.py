@@ -67,6 +67,8 @@ class Task:
     where the device has it); ``make_scheduler(optimizer, total_steps)`` builds an LR scheduler that
     ``ampkit train`` steps once per optimizer step and keeps in its checkpoints (default: none).
     A batch may be a tensor or tuples, lists and dicts of tensors, nested.
+    ``graphable``: False when the model cannot be recorded as a device graph (it reads values on the host,
+    or its shapes change from batch to batch); ``ampkit train`` then runs it eagerly and says why.
 
     >>> x, y = torch.randn(64, 4), torch.randn(64, 1)
     >>> task = ampkit.Task(name="toy", model=torch.nn.Linear(4, 1), batch=lambda step: (x, y),
@@ -91,6 +93,7 @@ class Task:
     description: str = ""
     make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None
     make_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
+    graphable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 

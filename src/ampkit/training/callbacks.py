@@ -34,6 +34,13 @@ class TrainState:
     ``step``: optimizer steps done so far (in ``before_step`` the step about to run is ``step + 1``).
     ``model`` is the wrapped model under DDP/FSDP2 (FSDP2's parameters and gradients are DTensor shards).
     ``stop``: the signal name once every rank agreed to stop (the loop then saves and returns).
+
+    >>> class LogSteps(ampkit.Callback):
+    ...     def after_step(self, state: ampkit.TrainState) -> None:
+    ...         if state.step == state.total:
+    ...             print(f"step {state.step} of {state.total} on rank {state.rank}")
+    >>> _ = ampkit.train(ampkit.TrainConfig(task="digits", precision="fp32", steps=2, callbacks=(LogSteps(),)))
+    step 2 of 2 on rank 0
     """
 
     step: int
@@ -54,6 +61,12 @@ class Callback:
     ``on_start``: after resume, before the first step. ``before_step``: after the step's backward
     pass(es), before the optimizer step (gradients are there, scaled in FP16). ``after_step``: after
     the optimizer step. ``on_end``: after the loop and the final checkpoint, also when a signal stopped it.
+
+    >>> class SayWhenDone(ampkit.Callback):
+    ...     def on_end(self, state: ampkit.TrainState) -> None:
+    ...         print("ended at step", state.step)
+    >>> _ = ampkit.train(ampkit.TrainConfig(task="digits", precision="fp32", steps=3, callbacks=(SayWhenDone(),)))
+    ended at step 3
     """
 
     def on_start(self, state: TrainState) -> None:

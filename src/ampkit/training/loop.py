@@ -25,6 +25,7 @@ class LoopResult:
     step: int  # optimizer steps done (the run's position)
     interrupted_by: str | None  # the agreed signal's name when a signal stopped the run
     wall_s: float
+    graph_captured: bool = False  # the step ran as one replayed device graph
 
 
 def batch_to(batch: Any, device: Device) -> Any:
@@ -50,6 +51,12 @@ def _save(run: Run, step: int) -> None:
                    scheduler=run.scheduler, extra={"task": run.task.name, "seed": run.config.seed})
 
 
+def _graphed(run: Run, batch: Any) -> Any:
+    """The whole step as one replayable device graph (:meth:`MixedPrecision.graph_step`), built on the first
+    batch; it runs a few eager warm-up steps (they are training steps), then captures, then replays."""
+    return run.amp.graph_step(run.model, run.optimizer, run.task.loss, batch)
+
+
 def train_loop(run: Run, start: int, sink: MetricsSink, stop: StopRequest) -> LoopResult:
     cfg, amp, model = run.config, run.amp, run.model
     acc = cfg.accumulation_steps
@@ -62,9 +69,15 @@ def train_loop(run: Run, start: int, sink: MetricsSink, stop: StopRequest) -> Lo
     t_run = time.perf_counter()
     step = start
     model.train()
+    gstep = None
     with stop.installed():
         while step < run.total:
-            for micro in range(acc):
+            if run.graph_blocker is None:
+                batch = batch_to(run.batch(step), run.device)
+                if gstep is None:
+                    gstep = _graphed(run, batch)
+                window.add(gstep(batch))  # the graph's output is overwritten by the next replay: added now
+            for micro in range(acc if run.graph_blocker is not None else 0):
                 batch = batch_to(run.batch(step * acc + micro), run.device)
                 with amp.no_sync(model), amp.autocast():
                     loss = run.task.loss(model, batch)
@@ -73,8 +86,9 @@ def train_loop(run: Run, start: int, sink: MetricsSink, stop: StopRequest) -> Lo
                 window.add(loss)
                 if micro < acc - 1:
                     amp.step(run.optimizer)  # an accumulation micro-step: counts it, updates nothing
-            call(run.callbacks, "before_step", state)
-            _step(run)
+            if run.graph_blocker is not None:
+                call(run.callbacks, "before_step", state)
+                _step(run)
             step = state.step = step + 1
             call(run.callbacks, "after_step", state)
             stopping = stop.should_stop(step)
@@ -93,10 +107,14 @@ def train_loop(run: Run, start: int, sink: MetricsSink, stop: StopRequest) -> Lo
             saved = run.ckpts.list()
             if not saved or saved[-1][0] != step:
                 _save(run, step)
+    if gstep is not None:
+        run.notes.append("the whole step ran as one device graph (after warm-up)" if gstep.captured
+                         else f"eager steps, no step graph: {gstep.fallback_reason}")
     wall = time.perf_counter() - t_run
     state.stop = stop.name
     call(run.callbacks, "on_end", state)
-    return LoopResult(step=step, interrupted_by=stop.name, wall_s=wall)
+    return LoopResult(step=step, interrupted_by=stop.name, wall_s=wall,
+                      graph_captured=gstep is not None and gstep.captured)
 
 
 def evaluate(run: Run) -> dict[str, float]:

@@ -51,6 +51,7 @@ class Run:
     callbacks: list[Any] = field(default_factory=list)
     regions: FP32Regions | None = None
     notes: list[str] = field(default_factory=list)
+    graph_blocker: str | None = "not planned"  # why the step runs eagerly; None: the loop captures it
 
     @property
     def main(self) -> bool:
@@ -66,9 +67,9 @@ class Run:
 
 
 def make_optimizer(model: nn.Module, task: Task, device: Device, *, lr: float | None = None,
-                   fused: bool | None = None) -> torch.optim.Optimizer:
+                   fused: bool | None = None, capturable: bool = False) -> torch.optim.Optimizer:
     """The task's own optimizer (``task.make_optimizer``), else AdamW, fused where the device supports it
-    (the engine then skips non-finite steps on the device)."""
+    (the engine then skips non-finite steps on the device); ``capturable`` for a step recorded as a graph."""
     if task.make_optimizer is not None:
         opt = task.make_optimizer(model)
         if not isinstance(opt, torch.optim.Optimizer):
@@ -79,6 +80,8 @@ def make_optimizer(model: nn.Module, task: Task, device: Device, *, lr: float | 
         return opt
     use_fused = device.supports_fused_optimizer() if fused is None else fused
     kwargs: dict[str, Any] = {"fused": True} if use_fused else {"foreach": True}
+    if use_fused and capturable:
+        kwargs["capturable"] = True  # step counts stay on the device: what a replayed graph needs
     return torch.optim.AdamW(model.parameters(), lr=lr or task.lr, weight_decay=task.weight_decay, **kwargs)
 
 
@@ -102,6 +105,27 @@ def _batch_fn(task: Task, ctx: DistContext | None) -> Callable[[int], Any]:
         return shard_batch(task.batch(i), rank, world)
 
     return batch
+
+
+def graph_blocker(config: "TrainConfig", ctx: DistContext | None, task: Task, callbacks: list[Any],
+                  device: Device) -> str | None:
+    """Why this run's step cannot be recorded as one device graph, in a few words; None when it can be
+    tried (the loop still checks for host syncs in the model before capture and falls back if it finds one)."""
+    from ampkit.training.callbacks import Callback
+
+    if config.graph is False:
+        return "--no-graph"
+    if device.graph_api() is None:
+        return f"{device.type} has no device graphs"
+    if ctx is not None and ctx.world_size > 1:
+        return "several processes (DDP/FSDP2 steps run eagerly)"
+    if config.accumulation_steps > 1:
+        return "gradient accumulation (--accumulation-steps > 1)"
+    if not task.graphable:
+        return f"task {task.name} says its model cannot be captured (Task.graphable=False)"
+    if any(getattr(type(cb), "before_step", Callback.before_step) is not Callback.before_step for cb in callbacks):
+        return "a callback runs between backward and the optimizer step (before_step)"
+    return None
 
 
 def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *, task: Task | None,
@@ -132,12 +156,19 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
     if config.fp32_modules:
         regions = apply_fp32_regions(unwrap(model), config.fp32_modules, device_type=device.type)
         notes.append(f"FP32 regions: {', '.join(regions.names)}")
-    optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused)
+    blocker = graph_blocker(config, ctx, task, callbacks, device)
+    optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused, capturable=blocker is None)
     scheduler = task.make_scheduler(optimizer, total) if task.make_scheduler is not None else None
-    amp = MixedPrecision(precision, config=config.amp_config(), agree=ctx.agree if ctx is not None else None)
+    if blocker is None and scheduler is not None:
+        blocker = "an LR scheduler changes the learning rate on the host between steps"
+    amp = MixedPrecision(precision, config=config.amp_config(), agree=ctx.agree if ctx is not None else None,
+                         graph=blocker is None)
+    if blocker is not None and blocker != "--no-graph" and (device.graph_api() is not None or config.graph):
+        notes.append(f"eager steps, no step graph: {blocker}")
     ckpts = None
     if out is not None:
         ckpts = RunCheckpoints(out / "checkpoints", keep=config.keep, ctx=ctx, sharded=strategy == "fsdp")
     return Run(config=config, ctx=ctx, device=device, precision=precision, task=task, total=total,
                strategy=strategy, model=model, raw_model=unwrap(model), optimizer=optimizer, scheduler=scheduler,
-               amp=amp, ckpts=ckpts, out=out, batch=_batch_fn(task, ctx), callbacks=callbacks, regions=regions, notes=notes)
+               amp=amp, ckpts=ckpts, out=out, batch=_batch_fn(task, ctx), callbacks=callbacks, regions=regions, notes=notes,
+               graph_blocker=blocker)

@@ -349,9 +349,10 @@ def _recommend(ctx: _Ctx, candidates: list[dict[str, Any]]) -> dict[str, Any] | 
     flags = _flags(ctx, c)
     seeds = ["--seeds", str(len(plan.seeds))] if plan.seeds == tuple(range(len(plan.seeds))) else []
     lr = ["--lr", f"{plan.lr:g}"] if plan.lr is not None and c["lr"] is None else []
-    base = _task_args(ctx) + ["--precision", plan.amp.name]
-    compare_cmd = ["ampkit", "compare", *base, *seeds, "--steps", str(plan.steps), *lr, *flags]
-    train_cmd = ["ampkit", "train", *base, *lr, *flags]
+    base = _task_args(ctx) + ["--precision", c["precision"]]
+    rest = [f for i, f in enumerate(flags) if "--precision" not in flags[max(i - 1, 0):i + 1]]
+    compare_cmd = ["ampkit", "compare", *base, *seeds, "--steps", str(plan.steps), *lr, *rest]
+    train_cmd = ["ampkit", "train", *base, *lr, *rest]
     compare_kw = [f"precision={c['precision']!r}"] + ([f"fp32_modules={c['fp32_modules']!r}"] if c["fp32_modules"]
                                                        else []) + ([f"lr={c['lr']:g}"] if c["lr"] is not None else [])
     return {"kind": c["kind"], "change": c["change"], "flags": shlex.join(flags),
@@ -418,7 +419,11 @@ def explain(plan: RunPlan, verdict: Verdict, runs: dict[str, dict[int, Run]], *,
             rankings[at] = _rank_at(ctx, seed, at)
             rank_s = time.perf_counter() - t_rank
     ranking = _merge(rankings)
-    candidates = [] if verdict.passed else _search(ctx, ranking)
+    reference_bad = any(r.startswith("the FP32 reference itself") for r in verdict.reasons)
+    if reference_bad:
+        ctx.notes.append("the FP32 reference itself failed: fix the task (learning rate, data) first; "
+                         "no precision change can be judged against it")
+    candidates = [] if verdict.passed or reference_bad else _search(ctx, ranking)
     rec = _recommend(ctx, candidates)
     return {"trigger": "requested" if verdict.passed else "fail", "seed": seed, "steps_ranked": sorted(rankings),
             "exit_step": verdict.exits.get(seed), "ranking": ranking[:TOP], "candidates": candidates,

@@ -167,18 +167,21 @@ def _module_error_plot(r: "CompareResult") -> bytes | None:
     fig = _figure(7.6, 0.9 + 0.32 * len(rows))
     ax = fig.add_subplot()
     ys = list(range(len(rows)))[::-1]
-    for off, key, color, label in ((0.18, "fwd", AMP_COLOR, "forward (output)"),
-                                   (-0.18, "bwd", SCALE_COLOR, "backward (gradients)")):
+    for off, key, color in ((0.18, "fwd", AMP_COLOR), (-0.18, "bwd", SCALE_COLOR)):
         vals = [cap if m.get(key) is None and m.get("added") is None else max(m.get(key) or floor, floor) for m in rows]
         colors = [FAIL_COLOR if m.get("events") else color for m in rows]
-        ax.barh([y + off for y in ys], vals, height=0.34, color=colors, alpha=0.9 if key == "fwd" else 0.6, label=label)
+        ax.barh([y + off for y in ys], vals, height=0.34, color=colors, alpha=0.9 if key == "fwd" else 0.6)
     ax.set_xscale("log")
     ax.set_yticks(ys, [f"{m['module']} ({m['type']})" for m in rows], fontsize=8)
-    ax.set_xlabel("relative error this module adds (one batch, same weights; red: overflow/underflow inside)",
-                  fontsize=8)
+    ax.set_xlabel("relative error this module adds (one batch, same weights as FP32)", fontsize=8)
     ax.set_title(f"Per-module error of {r.precision.upper()} against FP32", fontsize=10, loc="left")
     _style(ax)
-    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=AMP_COLOR, alpha=0.9, label="forward (output)"),
+                       Patch(color=SCALE_COLOR, alpha=0.6, label="backward (gradients)"),
+                       Patch(color=FAIL_COLOR, alpha=0.9, label="overflow / underflow inside")],
+              fontsize=8, frameon=False, loc="lower right")
     return _png(fig)
 
 

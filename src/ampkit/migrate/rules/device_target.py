@@ -69,21 +69,42 @@ class DeviceTargetRule(Rule):
     # Dispatchers that already handle both vendors: not a line of them changes.
     def _handles_both(self, *nodes: cst.CSTNode) -> bool:
         found: set[str] = set()
+        ctx = self.ctx
 
-        class _Strings(cst.CSTVisitor):
+        class _Vendors(cst.CSTVisitor):
             def visit_SimpleString(self, n: cst.SimpleString) -> None:
                 found.add(device_type_of(string_value(n)) or "")
 
+            def visit_Attribute(self, n: cst.Attribute) -> None:  # torch.cuda / torch.musa
+                if ctx.is_torch(n.value):
+                    found.add(n.attr.value)
+
         for n in nodes:
-            n.visit(_Strings())
+            n.visit(_Vendors())
         return {self.src, self.dst} <= found
 
     def visit_If(self, node: cst.If) -> bool:
-        tests, branch = [], node
-        while isinstance(branch, cst.If):  # the whole if / elif chain
-            tests.append(branch.test)
-            branch = branch.orelse
-        return not self._handles_both(*tests)
+        # The whole if / elif chain: its tests and the simple statements directly in its branches
+        # (`DEVICE = "cuda"` / `DEVICE = "musa"`), not blocks nested deeper.
+        parts: list[cst.CSTNode] = []
+        branch: cst.CSTNode | None = node
+        while branch is not None:
+            if isinstance(branch, cst.If):
+                parts.append(branch.test)
+            body = branch.body
+            parts.extend(st for st in getattr(body, "body", ()) if isinstance(st, cst.SimpleStatementLine))
+            branch = branch.orelse if isinstance(branch, cst.If) else None
+        return not self._handles_both(*parts)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        # def cuda(self) next to def musa(self), is_cuda_available next to is_musa_available:
+        # code that serves both vendors already; moving one makes two for the same vendor.
+        name = node.name.value
+        if self.src not in name.split("_"):
+            return True
+        twin = "_".join(self.dst if part == self.src else part for part in name.split("_"))
+        siblings = getattr(self.ctx.parent(node), "body", ())
+        return not any(isinstance(st, cst.FunctionDef) and st.name.value == twin for st in siblings)
 
     def visit_IfExp(self, node: cst.IfExp) -> bool:
         if "nccl_available" in self.ctx.code(node.test) or "mccl_available" in self.ctx.code(node.test):
@@ -130,7 +151,7 @@ class DeviceTargetRule(Rule):
         # torch.cuda.synchronize -> torch.musa.synchronize
         inner = node.value
         if not (isinstance(inner, cst.Attribute) and inner.attr.value == self.src
-                and "torch" in self.ctx.qnames(inner.value)):
+                and self.ctx.is_torch(inner.value)):
             return
         if node.attr.value in TWINS:
             self._moved = True
@@ -143,7 +164,7 @@ class DeviceTargetRule(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == self.src) \
-                or "torch" in self.ctx.qnames(func.value):
+                or self.ctx.is_torch(func.value):
             return
         positional = [a for a in node.args if a.keyword is None]
         device = self.ctx.literal(self.dst)

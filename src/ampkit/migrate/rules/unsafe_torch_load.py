@@ -6,7 +6,8 @@ checkpoint holds: one with a pickled ``nn.Module`` or an ``argparse.Namespace`` 
 under ``weights_only=True`` on torch < 2.6. So the call is rewritten only where the loaded value is
 provably a state dict (``x.load_state_dict(torch.load(...))``); elsewhere it is reported with the
 safe alternatives. An explicit opt-out (``weights_only=False``, or a branch that tests
-``weights_only``) is never reversed.
+``weights_only``) is never reversed; ``weights_only=<a variable>`` is the caller's decision and
+not reported.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class UnsafeTorchLoadRule(Rule):
         if "torch.load" not in self.ctx.qnames(node.func):
             return
         given = kwarg(node, "weights_only")
-        if given is not None and dotted(given.value) == "True":
-            return
+        if given is not None and dotted(given.value) != "False":
+            return  # True, or a value the caller passes in (timm's weights_only=weights_only): decided there
         if self._in_weights_only_branch(node):
             return  # the code already chooses between the two on purpose
         positional = [a for a in node.args if a.keyword is None]
