@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-hypothesis = pytest.importorskip("hypothesis")
+import hypothesis  # noqa: E402,F401  (a test dependency: pip install -e ".[test]")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from ampkit.engine import MixedPrecision  # noqa: E402

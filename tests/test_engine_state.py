@@ -113,6 +113,8 @@ class _SyncCounting(nn.Module):
         self.inner = inner
         self.in_no_sync = False
         self.log = []
+        self.backward_log = []  # DDP reduces gradients in backward hooks: no_sync must cover the backward
+        next(inner.parameters()).register_hook(lambda g: self.backward_log.append(self.in_no_sync))
 
     def forward(self, x):
         self.log.append(self.in_no_sync)
@@ -134,6 +136,7 @@ def test_train_step_skips_gradient_sync_on_all_but_the_last_micro_batch():
     for step in range(2):
         amp.train_step(wrapped, _loss, [_batch(3 * step + k) for k in range(3)], opt)
     assert wrapped.log == [True, True, False, True, True, False]
+    assert wrapped.backward_log == [True, True, False, True, True, False]
     assert amp.steps == 2
 
 
@@ -158,3 +161,15 @@ def test_fp32_modules_attach_detach_and_state():
     with pytest.warns(UserWarning, match="kept \\['preset:norm'\\] in FP32"):
         MixedPrecision("bf16").load_state_dict(state)
     assert MixedPrecision("bf16").attach(model) is None  # nothing to keep in FP32
+
+
+@pytest.mark.parametrize("name,scale", [("fp16", 2.0**16), ("bf16", 1.0)])
+def test_stats_before_any_step(name, scale):
+    assert MixedPrecision(name).stats() == {"steps": 0, "skipped": 0, "consecutive_skips": 0, "scale": scale,
+                                            "grad_norm": None, "last_skipped": False}
+
+
+def test_load_state_of_an_older_format_without_micro_or_window():
+    amp = MixedPrecision("fp32", accumulation_steps=2)
+    assert amp.load_state_dict({"precision": "fp32", "steps": 3, "scaler": None}) == []
+    assert amp.steps == 3 and amp.state_dict()["micro"] == 6 and amp.accumulation_pending == 0
