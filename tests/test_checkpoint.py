@@ -226,7 +226,10 @@ def test_plain_torch_checkpoint_is_explained_and_restorable(tmp_path):
         load_checkpoint(p)
     msg = str(err.value)
     assert len(msg.splitlines()) == 1
-    assert "plain torch checkpoint" in msg and "'model', 'optimizer', 'step'" in msg
+    assert "plain torch checkpoint (a dict with keys 'model', 'optimizer', 'step'), not" in msg
+    torch.save({f"k{i}": i for i in range(7)}, tmp_path / "wide.pt")  # only the first six keys are named
+    with pytest.raises(CheckpointError, match=r"\(a dict with keys 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', \.\.\.\), not"):
+        load_checkpoint(tmp_path / "wide.pt")
     assert f"ampkit.restore(torch.load({str(p)!r}, weights_only=True), model=model, optimizer=optimizer)" in msg
     # ... and what the message says works:
     fresh, fresh_opt = _parts()
