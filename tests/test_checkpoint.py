@@ -447,3 +447,38 @@ def test_fsdp2_keeps_plain_names_and_its_shards_are_refused_in_one_file(tmp_path
             save_checkpoint(tmp_path / "a.pt", model=model, optimizer=None, step=1)
     finally:
         dist.destroy_process_group()
+
+
+def test_rng_states_of_python_numpy_and_torch_come_back():
+    import random
+
+    from ampkit.checkpoint import rng_state, set_rng_state
+
+    state = rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    set_rng_state(state)
+    got = (random.random(), np.random.rand(), torch.rand(1))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_engine_state_comes_back_and_its_notes_are_returned_not_warned(tmp_path):
+    """A backed-off fp16 scale and a skipped step survive save/restore; restoring into another precision
+    returns the engine's note instead of warning."""
+    import warnings
+
+    model, opt = _parts()
+    amp = ampkit.MixedPrecision("fp16", init_scale=2.0**10)
+    amp.backward(model(torch.full((2, 4), float("inf"))).sum())
+    amp.step(opt)  # non-finite: skipped, the scale backs off
+    saved = amp.stats()
+    assert saved["skipped"] == 1 and saved["scale"] == 2.0**9
+    p = save_checkpoint(tmp_path / "a.pt", model=model, optimizer=opt, amp=amp, step=1)
+    fresh = ampkit.MixedPrecision("fp16")
+    assert ampkit.restore(p, model=model, optimizer=opt, amp=fresh).notes == ()
+    got = fresh.stats()
+    assert (got["skipped"], got["scale"], got["steps"]) == (saved["skipped"], saved["scale"], saved["steps"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = ampkit.restore(p, model=model, optimizer=opt, amp=ampkit.MixedPrecision("bf16"))
+    assert len(r.notes) == 1 and "scaler state dropped" in r.notes[0]

@@ -71,3 +71,38 @@ def test_resume_is_bit_exact(precision, scheduler, tmp_path):
     assert got["stats"] == ref["stats"]
     assert ref["stats"]["skipped"] == 1  # the planted batch was skipped (fp16: the scale backed off)
     assert torch.equal(got["rng"], ref["rng"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_resume_on_the_accelerator_restores_its_rng(precision, tmp_path):
+    """On the GPU: dropout draws from the device's generator, which restore() must bring back. Same process,
+    same kernels: the resumed run equals the uninterrupted one."""
+    dev = ampkit.detect_device()
+    torch_dev = dev.torch_device
+
+    def build_on_device():
+        model, opt, sched, amp = build(precision, True)
+        model.to(torch_dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        amp = ampkit.MixedPrecision(precision, device=dev, max_grad_norm=1.0, init_scale=2.0**8, growth_interval=2)
+        return model, opt, amp
+
+    def run(model, opt, amp, start, stop):
+        for _ in range(start, stop):
+            x = torch.randn(32, 16, device=torch_dev)
+            with amp.autocast():
+                loss = nn.functional.cross_entropy(model(x), x[:, :4].argmax(1))
+            amp.backward(loss)
+            amp.step(opt)
+
+    ref = build_on_device()
+    run(*ref, 0, STEPS)
+    model, opt, amp = build_on_device()
+    run(model, opt, amp, 0, SAVE_AT)
+    ampkit.save_checkpoint(tmp_path / "ckpt.pt", model=model, optimizer=opt, amp=amp, step=SAVE_AT)
+    model, opt, amp = build_on_device()
+    torch.randn(100, device=torch_dev)  # move the device RNG: only restore() can bring it back
+    r = ampkit.restore(tmp_path / "ckpt.pt", model=model, optimizer=opt, amp=amp)
+    run(model, opt, amp, r.step, STEPS)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref[0].parameters()))

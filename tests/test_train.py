@@ -74,7 +74,7 @@ def _cli(*argv):
     (["train", "--task", TOY, "--resume"], "need --out"),
     (["train", "--task", "missing.py:make"], "does not exist"),
     (["train", "--task", TOY, "--task-arg", "nosuch=1"], "takes no option"),
-    (["train", "--task", TOY, "--precision", "fp4"], "invalid choice"),
+    (["train", "--task", TOY, "--precision", "fp8"], "has no FP8 training"),
     (["train", "--task", TOY, "--task-arg", "hidden=abc"], "option hidden takes int values"),
     (["train", "--task", TOY, "--out", "/dev/null"], "is not a folder"),
 ])

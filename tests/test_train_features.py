@@ -242,6 +242,7 @@ def test_init_scale_reaches_the_engine():
     (["--callback", "nosuch.py:make"], "callback file 'nosuch.py' does not exist"),
     (["--callback", "nocolon"], "bad callback 'nocolon'"),
     (["--fp32-modules", "a..b"], "fp32_modules: not a dotted module name"),
+    (["--max-grad-norm", "nan"], "max_grad_norm must be a finite number"),
     (["--fp32-modules", "nosuch"], "nosuch"),
 ])
 def test_bad_flags_one_line(argv, needle, capsys):

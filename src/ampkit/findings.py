@@ -119,8 +119,9 @@ _ALL: tuple[CodeInfo, ...] = (
        "instead of `if not torch.isfinite(loss)`"),
     _c("deprecated-amp-api", (MIGRATE,),
        "deprecated AMP API",
-       "`torch.cuda.amp.*` / `torch.cpu.amp.*` are deprecated (warnings today, removal later) and tie the "
-       "code to one vendor; the device-agnostic `torch.amp` API runs on MUSA, CUDA and the CPU",
+       "the per-backend `torch.<backend>.amp.*` APIs (`torch.cpu.amp.*` and the accelerators' alike) are "
+       "deprecated (warnings today, removal later) and tie the code to one vendor; the device-agnostic "
+       "`torch.amp` API runs on MUSA, CUDA and the CPU",
        "run `ampkit migrate --fix PATH`"),
     _c("unsafe-torch-load", (MIGRATE,),
        "torch.load without weights_only=True",
@@ -130,8 +131,8 @@ _ALL: tuple[CodeInfo, ...] = (
        "state dicts instead"),
     _c("hard-coded-device", (MIGRATE,),
        "an AMP call with the device hard-coded to one vendor",
-       "`torch.amp.autocast(\"cuda\")` / `GradScaler(\"cuda\")` with no device variable in reach runs on that "
-       "vendor only: on MUSA or the CPU autocast is off or the scaler fails",
+       "`torch.amp.autocast(\"<vendor>\")` / `GradScaler(\"<vendor>\")` with no device variable in reach runs "
+       "on that vendor only: on MUSA or the CPU autocast is off or the scaler fails",
        "pass the device in and use its type: `torch.amp.autocast(device.type, ...)`, "
        "`torch.amp.GradScaler(device.type, ...)`"),
     _c("scaler-with-bf16", _BOTH,

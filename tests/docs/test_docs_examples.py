@@ -62,3 +62,13 @@ def test_markers(sandbox):
 def test_a_marker_needs_a_reason(sandbox):
     with pytest.raises(MarkerError, match="needs a value"):
         blocks(sandbox / "page.md", "<!-- skip-example: -->\n```python\npass\n```\n")
+
+
+def test_readme_links_point_at_files_and_it_stays_short():
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode("utf-8")) <= 10 * 1024, "the README is an overview (<= 10 KB): move details into docs/"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), f"README links to {target}, which does not exist"

@@ -101,34 +101,8 @@ class RunPlan:
         config = TrainConfig(task=task.name, precision=precision.name, steps=steps or self.steps, seed=seed,
                              log_every=min(self.log_every, steps or self.steps), evaluate=evaluate,
                              lr=lr if lr is not None else self.lr, max_consecutive_skips=None,
-                             graph=self.graph if graph is None else graph, **_regions_field(fp32_modules))
-        with _regions(task, fp32_modules, precision):
-            result = train(config, task=task, precision=precision, progress=progress)
+                             graph=self.graph if graph is None else graph, fp32_modules=tuple(fp32_modules) or None)
+        result = train(config, task=task, precision=precision, progress=progress)
         metric, value = _final_value(task, result) if evaluate else ("training loss", float("nan"))
         return task, Run(seed=seed, precision=precision.name, result=result, metric=metric, final=value,
                          wall_s=time.perf_counter() - t0, fp32_modules=tuple(fp32_modules))
-
-
-def _regions_field(fp32_modules: tuple[str, ...]) -> dict[str, Any]:
-    """``{"fp32_modules": ...}`` for TrainConfig once the trainer takes it (the public path), else nothing."""
-    if fp32_modules and "fp32_modules" in TrainConfig.__dataclass_fields__:
-        return {"fp32_modules": tuple(fp32_modules)}
-    return {}
-
-
-class _regions:
-    """Until TrainConfig takes ``fp32_modules``: the same hooks, put on the task's model around the run."""
-
-    def __init__(self, task: Task, fp32_modules: tuple[str, ...], precision: Precision) -> None:
-        self.handle = None
-        if fp32_modules and not _regions_field(fp32_modules):
-            from ampkit.regions import apply_fp32_regions
-
-            self.handle = apply_fp32_regions(task.model, list(fp32_modules), device_type=precision.device.type)
-
-    def __enter__(self) -> "_regions":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.handle is not None:
-            self.handle.remove()
