@@ -43,7 +43,7 @@ else
   step compare-charlm 150 $PY -m ampkit compare --task charlm --task-arg d_model=256 --task-arg n_layers=4 \
       --task-arg seq_len=256 --precision bf16 --json --out /tmp/cmp-charlm
   cp /tmp/cmp-charlm/compare.json "$OUT/h200-2026-12-01-compare-charlm-d256.json" 2>/dev/null
-  step explain 380 env OUT="$OUT" EXPLAIN_ARGS="--seeds 2" $PY benchmarks/explain_h200.py
+  step explain 400 env OUT="$OUT" EXPLAIN_ARGS="--seeds 2" $PY benchmarks/explain_h200.py
   rm -f "$OUT/explain.log"
 fi
 cat "$LOG"
