@@ -254,9 +254,10 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     Raises :class:`~ampkit.errors.UsageError` when ``precision`` is (or resolves to) FP32: there is
     nothing to compare against.
 
-    >>> result = ampkit.compare("mytask.py:make_task", precision="fp16", explain=True)      # doctest: +SKIP
-    >>> result.explain["recommendation"]["flags"]                                          # doctest: +SKIP
-    '--fp32-modules norm'
+    Examples:
+        >>> result = ampkit.compare("mytask.py:make_task", precision="fp16", explain=True)  # doctest: +SKIP
+        >>> result.explain["recommendation"]["flags"]                                      # doctest: +SKIP
+        '--fp32-modules norm'
     """
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
