@@ -164,3 +164,21 @@ def test_precision_object_passes_through():
 def test_bad_precision_types_are_usage_errors(bad):
     with pytest.raises(UsageError, match="precision"):
         resolve_precision(bad, "cpu")
+
+
+def test_the_engine_puts_tf32_back_when_closed(simulated_cuda, cuda_tf32):
+    # MixedPrecision("fp32") turns TF32 off for its run, and only for its run.
+    from ampkit.engine import MixedPrecision
+
+    simulated_cuda((8, 0))
+    cuda_tf32(matmul=False, cudnn=True)  # torch's defaults
+    before = {"torch.backends.cuda.matmul.allow_tf32": False, "torch.backends.cudnn.allow_tf32": True}
+    amp = MixedPrecision("fp32")
+    assert not any(amp.device.tf32_switches().values())
+    amp.close()
+    assert amp.device.tf32_switches() == before
+    amp.close()  # idempotent
+    assert amp.device.tf32_switches() == before
+    with MixedPrecision("bf16") as amp:
+        assert all(amp.device.tf32_switches().values())  # AMP on an A100: TF32 for the FP32 matmuls left
+    assert amp.device.tf32_switches() == before

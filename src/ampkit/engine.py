@@ -43,7 +43,7 @@ from ampkit.config import AmpConfig
 from ampkit.counters import DeviceCounters, check_skip_limit
 from ampkit.device import Device, detect_device
 from ampkit.errors import AmpkitError, UsageError
-from ampkit.policy import Precision, apply_tf32, resolve_precision
+from ampkit.policy import Precision, apply_tf32, resolve_precision, restore_tf32
 from ampkit.schedule import Schedules
 from ampkit.step import is_fused
 from ampkit.windows import Windows, sync_context
@@ -72,7 +72,8 @@ class MixedPrecision:
             ``growth_interval``, ``min_scale``, ``max_consecutive_skips``, ``skip_check_every``,
             ``fp32_modules`` (see AmpConfig for what each means and accepts).
         device: where training runs (a string, ``torch.device`` or Device; default: the precision's).
-        set_tf32: apply ``precision.tf32`` to the backend's TF32 switches (global torch state).
+        set_tf32: apply ``precision.tf32`` to the backend's TF32 switches (process-wide torch state) until
+            :meth:`close` (or the end of ``with MixedPrecision(...) as amp:``) puts each back.
         graph: :meth:`graph_step` captures the whole step as one device graph where it can.
         agree: makes the skip flag the same on every rank (``ampkit.distributed``); None for one process.
 
@@ -97,6 +98,7 @@ class MixedPrecision:
         self.precision = precision
         self.device = device or precision.device
         self.agree = agree
+        self._tf32_before = precision.device.tf32_switches() if set_tf32 else {}
         self.tf32_set = apply_tf32(precision) if set_tf32 else {}
         cfg = self.config
         self.scaler: torch.amp.GradScaler | None = None
@@ -442,6 +444,19 @@ class MixedPrecision:
         for note in notes:
             warnings.warn(note, stacklevel=2)
         return notes
+
+    def close(self) -> None:
+        """Put the TF32 switches this engine set back to their values before it (idempotent). ``ampkit train``
+        calls it at the end of a run; ``with MixedPrecision(...) as amp:`` calls it on leaving the block."""
+        if self._tf32_before:
+            restore_tf32(self.precision.device, self._tf32_before)
+            self._tf32_before = {}
+
+    def __enter__(self) -> "MixedPrecision":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return (f"MixedPrecision({self.precision.name}, device={self.device}, scaler={self.scaler is not None}, "

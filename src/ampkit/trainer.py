@@ -178,6 +178,8 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     finally:
         if run is not None and run.regions is not None:
             run.regions.remove()  # the task's model leaves as it came
+        if run is not None:
+            run.amp.close()  # the TF32 switches as they were before the run
         if ctx is not None:
             ctx.close()
 
