@@ -19,10 +19,7 @@ a value that cannot be saved loadably; a save in the middle of an accumulation w
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import functools
-import io
 import os
 import pickle
 import random
@@ -35,6 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ampkit.checkpoint_content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
 from ampkit.errors import AmpkitError, CheckpointError, UsageError
 
@@ -45,7 +43,6 @@ __all__ = ["save_checkpoint", "load_checkpoint", "restore", "Restored", "Checkpo
 FORMAT = "ampkit-checkpoint"
 VERSION = 2  # 2: optional "scheduler"; "optimizer"/"scheduler" may be lists
 _NAME = re.compile(r"^step-(\d+)\.pt$")
-_COMPILED = "_orig_mod"  # torch.compile's OptimizedModule keeps the user's module under this name
 
 
 # ---------------------------------------------------------------------------- RNG
@@ -141,113 +138,6 @@ def prepare_folder(out: str | os.PathLike, flag: str = "--out") -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------- wrappers
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside ``torch.compile`` (``_orig_mod``) and DDP (``module``) wrappers, in any nesting.
-    FSDP2's ``fully_shard`` shards in place and keeps the plain names: such a model is its own module."""
-    while True:
-        inner = getattr(model, _COMPILED, None)
-        if isinstance(inner, nn.Module):
-            model = inner
-        elif isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
-
-
-def _plain_key(key: str) -> str:
-    # A compiled submodule (model.encoder = torch.compile(encoder)) puts "_orig_mod." inside its keys.
-    return ".".join(part for part in key.split(".") if part != _COMPILED)
-
-
-def _model_state(model: nn.Module) -> dict[str, Any]:
-    state = unwrap_model(model).state_dict()
-    if not any(_COMPILED in key.split(".") for key in state):
-        return state
-    return collections.OrderedDict((_plain_key(k), v) for k, v in state.items())
-
-
-def _load_model(model: nn.Module, saved: dict[str, Any]) -> None:
-    """Load plain-named ``saved`` into ``model`` (plain or wrapped); names saved by a wrapped model
-    (``module.``, ``_orig_mod.``) are accepted too. A mismatch is one CheckpointError line."""
-    target = unwrap_model(model)
-    wanted = target.state_dict()
-    saved = {_plain_key(k): v for k, v in saved.items()}
-    if saved and all(k.startswith("module.") for k in saved) and not any(k.startswith("module.") for k in wanted):
-        saved = {k[len("module."):]: v for k, v in saved.items()}  # a DDP model's state_dict() saved as is
-    actual = {_plain_key(k): k for k in wanted}
-    remapped = {actual.get(k, k): v for k, v in saved.items()}
-    missing = [k for k in wanted if k not in remapped]
-    unexpected = [k for k in remapped if k not in wanted]
-    if missing or unexpected:
-        parts = [f"{label} {_some(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected))
-                 if keys]
-        raise CheckpointError(f"the checkpoint's model does not fit {type(target).__name__}: {'; '.join(parts)}")
-    try:
-        target.load_state_dict(remapped)
-    except RuntimeError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        raise CheckpointError(f"the checkpoint's model does not fit {type(target).__name__}: "
-                              f"{(lines[1] if len(lines) > 1 else lines[0] if lines else exc)[:200]}") from exc
-
-
-def _some(keys: list[str], n: int = 3) -> str:
-    return ", ".join(keys[:n]) + (f" (+{len(keys) - n} more)" if len(keys) > n else "")
-
-
-# ---------------------------------------------------------------------------- what weights_only loads
-# The types torch.load(weights_only=True) rebuilds (tests/test_checkpoint.py checks the agreement value by
-# value), less tensor subclasses: it loads FSDP2's DTensor shards, but a one-file checkpoint of shards does not
-# load into a plain model, so they are refused too. Anything else is refused at save time, naming the key.
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Size, torch.dtype, torch.device,
-          torch.layout, torch.qscheme, torch.Tensor, nn.Parameter)
-_SEQUENCES = (list, tuple, set)
-_MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
-
-
-@functools.cache
-def _weights_only_loads(kind: type) -> bool:
-    """Whether this torch's ``weights_only=True`` loader rebuilds ``kind`` (complex numbers and sets came in
-    later releases than torch 2.5): asked of torch itself once, with a tiny value."""
-    sample = {complex: 1j, set: {1}}[kind]
-    buf = io.BytesIO()
-    torch.save(sample, buf)
-    buf.seek(0)
-    try:
-        return torch.load(buf, weights_only=True) == sample
-    except Exception:  # noqa: BLE001 - the unpickler's refusal type differs between releases
-        return False
-
-
-def check_loadable(value: Any, where: str) -> None:
-    """Raise a one-line :class:`CheckpointError` naming the first key of ``value`` that
-    ``torch.load(weights_only=True)`` would refuse (an object, a function, a numpy array, ...)."""
-    kind = type(value)
-    if kind in _PLAIN and (kind is not complex or _weights_only_loads(complex)):
-        return
-    if kind in _SEQUENCES and (kind is not set or _weights_only_loads(set)):
-        for i, item in enumerate(value):
-            check_loadable(item, f"{where}[{i}]" if kind is not set else f"{where} item {_fmt(item)}")
-        return
-    if kind in _MAPPINGS:
-        for key, item in value.items():
-            check_loadable(key, f"{where} key {_fmt(key)}")
-            check_loadable(item, f"{where}[{_fmt(key)}]")
-        return
-    what = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    if kind.__name__ == "DTensor":
-        hint = "a sharded (FSDP2) tensor: save sharded models in the DCP format (ampkit train --strategy fsdp)"
-    elif isinstance(value, torch.Tensor):
-        hint = "a tensor subclass: save a plain tensor there (e.g. t.detach().clone().as_subclass(torch.Tensor))"
-    else:
-        hint = "keep only tensors and plain python values (int, float, str, bool, None, list, tuple, dict) there"
-    raise CheckpointError(f"{where}: {what} is not loadable with weights_only=True: {hint}")
-
-
-def _fmt(key: Any) -> str:
-    return f'"{key}"' if isinstance(key, str) else repr(key)
-
-
 # ---------------------------------------------------------------------------- save / load
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
 Schedulers = Any  # an LR scheduler, a list of them, or None
@@ -304,7 +194,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
         "format": FORMAT,
         "version": VERSION,
         "step": int(step),
-        "model": _model_state(model),
+        "model": model_state(model),
         "optimizer": _states(optimizer),
         "scheduler": _states(scheduler),
         "amp": amp_state,
@@ -410,7 +300,7 @@ def restore(path_or_state: str | os.PathLike | dict[str, Any], *, model: nn.Modu
         raise UsageError(f"restore takes a checkpoint path or a state dict, got {type(path_or_state).__name__}")
     if state.get("format") != FORMAT:
         return _restore_plain(state, model=model, optimizer=optimizer, amp=amp, scheduler=scheduler)
-    _load_model(model, state["model"])
+    load_model_state(model, state["model"])
     notes = _load_parts("optimizer", state.get("optimizer"), optimizer)
     notes += _load_parts("scheduler", state.get("scheduler"), scheduler)
     if amp is not None and state.get("amp") is None:
@@ -450,14 +340,14 @@ def _restore_plain(state: dict[str, Any], *, model: nn.Module, optimizer: Optimi
                    scheduler: Schedulers) -> Restored:
     """A dict that is not an ampkit checkpoint: ``{"model": ..., "optimizer": ..., ...}`` or a bare model state_dict."""
     if state and all(isinstance(v, torch.Tensor) for v in state.values()):
-        _load_model(model, state)
+        load_model_state(model, state)
         return Restored(step=0, notes=("a model state_dict: only the model was restored (no optimizer, "
                                        "engine or RNG state in it)",))
     parts = {name: next((state[k] for k in keys if k in state), None) for name, keys in _PLAIN_KEYS.items()}
     if not isinstance(parts["model"], dict):
         raise CheckpointError("restore got a dict that is neither an ampkit checkpoint, nor a plain checkpoint "
-                              "with a 'model' state dict, nor a model state_dict; keys: " + _some(list(map(str, state))))
-    _load_model(model, parts["model"])
+                              "with a 'model' state dict, nor a model state_dict; keys: " + some_keys(list(map(str, state))))
+    load_model_state(model, parts["model"])
     notes = _load_parts("optimizer", parts["optimizer"], optimizer)
     notes += _load_parts("scheduler", parts["scheduler"], scheduler)
     scaler = getattr(amp, "scaler", None) if amp is not None else None
