@@ -188,3 +188,31 @@ def test_engine_no_sync_covers_fsdp2_accumulation():
             amp.backward(model(torch.ones(1, 2)).sum())
         amp.step(opt)
     assert model.calls == [False, True]  # off for the first micro-step, restored; untouched on the last
+
+
+def test_a_signal_hidden_behind_torchruns_own_error_still_gives_128_plus_n(monkeypatch):
+    # torch's elastic agent can raise UnboundLocalError from its metrics wrapper while handling the
+    # SignalException of a SIGTERM (seen in CI): the launcher must still exit 143, not print a traceback.
+    import signal
+
+    import torch.distributed.run as trun
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from ampkit.distributed.launch import run_torchrun
+
+    def fake_run(_args):
+        try:
+            raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+        except SignalException:
+            raise UnboundLocalError("cannot access local variable 'start'")
+
+    monkeypatch.setattr(trun, "run", fake_run)
+    monkeypatch.setattr(trun, "parse_args", lambda args: args)
+    assert run_torchrun(["--standalone"]) == 143
+
+    def other_error(_args):
+        raise UnboundLocalError("a real bug")
+
+    monkeypatch.setattr(trun, "run", other_error)
+    with pytest.raises(UnboundLocalError):
+        run_torchrun(["--standalone"])

@@ -4,6 +4,7 @@ the job's exit code (128 + signal number) instead of torchrun's traceback."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from ampkit.errors import AmpkitError, UsageError
 
@@ -61,4 +62,22 @@ def run_torchrun(args: list[str]) -> int:
             return code
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise AmpkitError(f"rank {rank} {how} (its error is in the output above); the job stopped") from exc
+    except Exception as exc:
+        # torch's elastic agent can turn the signal into another error: its metrics wrapper fails with an
+        # UnboundLocalError when the SignalException lands before it started timing (seen on torch 2.13).
+        signalled = _signal_in_chain(exc, SignalException)
+        if signalled is None:
+            raise
+        return 128 + int(signalled.sigval)
     return 0
+
+
+def _signal_in_chain(exc: BaseException, kind: type) -> Any:
+    """The ``kind`` exception that ``exc`` was raised while handling (its ``__context__`` chain), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
