@@ -118,9 +118,11 @@ class TrainConfig:
         self.amp_config()  # the engine's own checks (e.g. --max-grad-norm nan), before any process starts
 
     def amp_config(self) -> AmpConfig:
-        """The engine's settings for this run (the FP32 regions are applied by the trainer itself)."""
+        """The engine's settings for this run (its ``fp32_modules`` are installed with ``amp.attach(model)``)."""
         changes: dict[str, Any] = {"max_grad_norm": self.max_grad_norm, "accumulation_steps": self.accumulation_steps,
                                    "max_consecutive_skips": self.max_consecutive_skips}
+        if self.fp32_modules:
+            changes["fp32_modules"] = self.fp32_modules
         if self.init_scale is not None:
             changes["init_scale"] = self.init_scale
         return AmpConfig(**changes)

@@ -70,3 +70,14 @@ def test_compare_fails_without_the_flag_and_passes_with_it(flag, tmp_path, capsy
     assert main([*args, "--fp32-modules", flag, "--out", str(tmp_path / "with")]) == 0
     data = json.loads((tmp_path / "with" / "compare.json").read_text())
     assert data["verdict"] == "pass" and data["fp32_modules"] == [flag]
+
+
+def test_train_checkpoints_record_the_regions(flag, tmp_path, capsys):
+    # ampkit train installs --fp32-modules through the engine (amp.attach): its checkpoint says which.
+    from ampkit.checkpoint import load_checkpoint
+
+    assert main(["train", "--task", TASK, "--precision", "fp16", "--steps", "2", "--fp32-modules", flag,
+                 "--out", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    (path,) = sorted((tmp_path / "checkpoints").glob("step-*.pt"))[-1:]
+    assert load_checkpoint(path)["amp"]["fp32_modules"] == [flag]

@@ -19,7 +19,7 @@ from ampkit.distributed import DistContext, shard_batch, unwrap, wrap_model
 from ampkit.engine import MixedPrecision
 from ampkit.errors import UsageError
 from ampkit.policy import Precision, resolve_precision
-from ampkit.regions import FP32Regions, apply_fp32_regions
+from ampkit.regions import FP32Regions
 from ampkit.tasks import Task, load_task
 from ampkit.training.callbacks import load_callbacks
 
@@ -157,10 +157,6 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
                          f"{precision.name}, so an FP32 region would meet low-precision weights): use --strategy ddp")
     if ctx is not None and strategy is not None:
         model = wrap_model(model, strategy, precision, device, shard_fn=task.extra.get("shard"))
-    regions = None
-    if config.fp32_modules:
-        regions = apply_fp32_regions(unwrap(model), config.fp32_modules, device_type=device.type)
-        notes.append(f"FP32 regions: {', '.join(regions.names)}")
     blocker = graph_blocker(config, ctx, task, callbacks, device)
     if blocker is None and precision.name == "fp8":
         blocker = "FP8 layers (torchao) are not captured as a step graph yet"
@@ -170,6 +166,9 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
         blocker = "an LR scheduler changes the learning rate on the host between steps"
     amp = MixedPrecision(precision, config=config.amp_config(), agree=ctx.agree if ctx is not None else None,
                          graph=blocker is None)
+    regions = amp.attach(unwrap(model))  # the engine's fp32_modules: its state_dict records them
+    if regions is not None:
+        notes.append(f"FP32 regions: {', '.join(regions.names)}")
     if blocker is not None and blocker != "--no-graph" and (device.graph_api() is not None or config.graph):
         notes.append(f"eager steps, no step graph: {blocker}")
     ckpts = None
