@@ -438,7 +438,10 @@ def test_fsdp2_keeps_plain_names_and_its_shards_are_refused_in_one_file(tmp_path
     """fully_shard shards in place: the names stay plain, the values are DTensors. torch.load(weights_only=True)
     would read them back, but a one-file checkpoint of shards cannot feed a plain model: refused, naming DCP."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
+
+    from ampkit.compat import fsdp2
+
+    fully_shard, _ = fsdp2()
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

@@ -19,6 +19,8 @@ What lives here and why it is needed:
 from __future__ import annotations
 
 import re
+from typing import Any
+
 import torch
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "total_norm",
     "foreach_add_",
     "foreach_copy_",
+    "fsdp2",
 ]
 
 
@@ -124,3 +127,14 @@ def foreach_add_(tensors: list[torch.Tensor], others: list[torch.Tensor]) -> Non
 def foreach_copy_(tensors: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """``tensors[i].copy_(sources[i])`` in one launch."""
     torch._foreach_copy_(tensors, sources)
+
+
+# ---------------------------------------------------------------------- FSDP2
+def fsdp2() -> tuple[Any, Any]:
+    """``(fully_shard, MixedPrecisionPolicy)``: public in ``torch.distributed.fsdp`` from torch 2.6, under
+    ``torch.distributed._composable.fsdp`` in 2.5 (the oldest release promised)."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch 2.5
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ampkit.compat import fsdp2
 from ampkit.distributed.group import active
 from ampkit.device import Device
 from ampkit.errors import UsageError
@@ -22,8 +23,7 @@ ShardFn = Callable[[nn.Module, Callable[[nn.Module], Any]], None]
 
 def mp_policy(precision: Precision) -> Any:
     """FSDP2's policy for a precision: params gathered in the low dtype, gradients reduced in FP32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
+    _, MixedPrecisionPolicy = fsdp2()
     if precision.is_low_precision:
         return MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy(reduce_dtype=torch.float32)
@@ -47,8 +47,8 @@ def wrap_model(model: nn.Module, strategy: str, precision: Precision, device: De
         ids = [device.index] if device.is_accelerator and device.index is not None else None
         return DistributedDataParallel(model, device_ids=ids)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
+    fully_shard, _ = fsdp2()
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     policy = mp_policy(precision)
 
