@@ -37,7 +37,7 @@ from ampkit.device import Device, parse_device
 from ampkit.errors import AmpkitError, CheckpointError, UsageError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "restore", "Restored", "CheckpointManager", "Found", "rng_state",
-           "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine", "unwrap_model",
+           "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine", "load_parts", "unwrap_model",
            "check_loadable"]
 
 FORMAT = "ampkit-checkpoint"
@@ -301,8 +301,8 @@ def restore(path_or_state: str | os.PathLike | dict[str, Any], *, model: nn.Modu
     if state.get("format") != FORMAT:
         return _restore_plain(state, model=model, optimizer=optimizer, amp=amp, scheduler=scheduler)
     load_model_state(model, state["model"])
-    notes = _load_parts("optimizer", state.get("optimizer"), optimizer)
-    notes += _load_parts("scheduler", state.get("scheduler"), scheduler)
+    notes = load_parts("optimizer", state.get("optimizer"), optimizer)
+    notes += load_parts("scheduler", state.get("scheduler"), scheduler)
     if amp is not None and state.get("amp") is None:
         notes.append("the checkpoint has no engine state: the engine starts fresh")
     notes += restore_engine(state, amp=amp, device=device or _device_of(model, amp), rng=rng)
@@ -314,7 +314,7 @@ def _map_location(model: nn.Module) -> torch.device:
     return param.device if param is not None and param.device.type != "meta" else torch.device("cpu")
 
 
-def _load_parts(name: str, saved: Any, live: Any) -> list[str]:
+def load_parts(name: str, saved: Any, live: Any) -> list[str]:
     """Load one saved state dict (or a list of them) into ``live`` (one object or a list); counts must match."""
     if live is None:
         return [f"the checkpoint's {name} state was not restored (no {name} given)"] if saved is not None else []
@@ -348,8 +348,8 @@ def _restore_plain(state: dict[str, Any], *, model: nn.Module, optimizer: Optimi
         raise CheckpointError("restore got a dict that is neither an ampkit checkpoint, nor a plain checkpoint "
                               "with a 'model' state dict, nor a model state_dict; keys: " + some_keys(list(map(str, state))))
     load_model_state(model, parts["model"])
-    notes = _load_parts("optimizer", parts["optimizer"], optimizer)
-    notes += _load_parts("scheduler", parts["scheduler"], scheduler)
+    notes = load_parts("optimizer", parts["optimizer"], optimizer)
+    notes += load_parts("scheduler", parts["scheduler"], scheduler)
     scaler = getattr(amp, "scaler", None) if amp is not None else None
     if parts["scaler"] is not None and scaler is not None:
         scaler.load_state_dict(parts["scaler"])

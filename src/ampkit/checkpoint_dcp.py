@@ -25,8 +25,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ampkit.checkpoint import (FORMAT, CheckpointManager, atomic_write_bytes, fsync_dir, load_checkpoint, restore,
-                               restore_engine, rng_state)
+from ampkit.checkpoint import (FORMAT, CheckpointManager, atomic_write_bytes, fsync_dir, load_checkpoint, load_parts,
+                               restore, restore_engine, rng_state)
 from ampkit.device import Device
 from ampkit.distributed.group import DistContext, active
 from ampkit.distributed.wrap import unwrap
@@ -168,22 +168,12 @@ class RunCheckpoints:
         if meta.get("kind") != "dcp":
             raise CheckpointError(f"{path / 'ampkit.pt'} is not the metadata of a sharded checkpoint")
         _load_dcp(path, model, optimizer)
-        notes += _restore_scheduler(meta, scheduler)
+        notes += load_parts("scheduler", meta.get("scheduler"), scheduler)
         notes += restore_engine(meta, amp=amp, device=device)
         saved_world = meta.get("world_size", 1)
         if saved_world != self._world:
             notes.append(f"checkpoint written by {saved_world} rank(s), resharded onto {self._world}")
         return meta
-
-
-def _restore_scheduler(state: dict[str, Any], scheduler: Any | None) -> list[str]:
-    saved = state.get("scheduler")
-    if scheduler is None:
-        return []
-    if saved is None:
-        return ["the checkpoint has no LR scheduler state: the schedule restarts from its first step"]
-    scheduler.load_state_dict(saved)
-    return []
 
 
 def _load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
