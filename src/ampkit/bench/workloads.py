@@ -106,7 +106,7 @@ def load_workload(spec: str, device: Device, *, seed: int = 0, options: dict[str
         if not device.is_accelerator:
             raise UsageError("gpt2-small (124M parameters, 16 x 1024 tokens a step) needs a GPU: on the CPU use "
                              "--model charlm (or --model digits)")
-        task = load_task("charlm", seed=seed, options={**GPT2_SMALL, **options})
+        task = load_task("charlm", seed=seed, options={**GPT2_SMALL, **options}, device=device.torch_device)
         wl = _from_task(task, "gpt2-small")
         wl.description = "GPT-2 small shape: " + task.description
     elif spec in FOREIGN:
@@ -116,7 +116,7 @@ def load_workload(spec: str, device: Device, *, seed: int = 0, options: dict[str
             raise UsageError(f"--model lesson takes no options (got {', '.join(options)})")
         wl = _lesson(device, seed)
     else:
-        wl = _from_task(load_task(spec, seed=seed, options=options), spec)
+        wl = _from_task(load_task(spec, seed=seed, options=options, device=device.torch_device), spec)
     dev = device.torch_device
     wl.model.to(dev)
     wl.model.train()

@@ -48,7 +48,7 @@ def run(args) -> int:
 
     device = detect_device(args.device)
     precision = resolve_precision(args.precision, device)
-    task = load_task(args.task, options=parse_task_args(args.task_arg))
+    task = load_task(args.task, options=parse_task_args(args.task_arg), device=device.torch_device)
     result = audit_task(task, precision=precision, fp32_modules=args.fp32_modules)
     if args.json:
         print_json({"task": task.name, "reason": precision.reason, **result.to_dict()})

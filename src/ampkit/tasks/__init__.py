@@ -183,11 +183,14 @@ def _check_option_type(spec: str, key: str, value: Any, param: inspect.Parameter
                          f"got {value!r}")
 
 
-def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[str, Any] | None = None) -> Task:
+def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[str, Any] | None = None,
+              device: torch.device | str | None = None) -> Task:
     """Build a task from a built-in name, ``FILE.py:factory``, ``module:factory`` or the factory itself.
 
     The factory is called as ``factory(seed=seed, **options)`` (``seed`` only if it accepts one),
-    under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone.
+    under ``torch.manual_seed(seed)`` so that initial weights depend on the seed alone. A factory with
+    a ``device`` parameter also gets ``device`` (ampkit passes the run's device), so it can size its
+    model for the device or keep its data there; an explicit ``device`` option wins.
 
     >>> task = ampkit.load_task("digits", seed=0)
     >>> task.name, task.metric
@@ -204,6 +207,8 @@ def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[s
     accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if "seed" in params or accepts_kwargs:
         options["seed"] = seed
+    if device is not None and "device" in params and "device" not in options:
+        options["device"] = torch.device(device)
     unknown = [k for k in options if k not in params and not accepts_kwargs]
     if unknown:
         raise UsageError(f"task {spec!r} takes no option(s) {', '.join(unknown)}; it takes: "

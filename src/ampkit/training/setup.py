@@ -141,7 +141,8 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
         ctx.barrier()  # rank 0 made --out
     precision = precision or resolve_precision(config.precision, device, tf32=config.tf32)
     device.manual_seed(config.seed)
-    task = task or load_task(config.task, seed=config.seed, options=config.task_options)
+    task = task or load_task(config.task, seed=config.seed, options=config.task_options,
+                             device=device.torch_device)
     callbacks = load_callbacks(config.callbacks)
     total = config.steps or task.default_steps
     notes: list[str] = []

@@ -113,11 +113,11 @@ def _finite_or_none(obj: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- set-up
-def _task_maker(task_factory: TaskFactory, options: dict[str, Any] | None) -> Callable[[int], Task]:
+def _task_maker(task_factory: TaskFactory, options: dict[str, Any] | None, dev: Device) -> Callable[[int], Task]:
     if not isinstance(task_factory, str) and not callable(task_factory):
         raise UsageError(f"task_factory must be a factory(seed=...) -> ampkit.Task or a task spec string, "
                          f"got {type(task_factory).__name__}")
-    return lambda seed: load_task(task_factory, seed=seed, options=options)
+    return lambda seed: load_task(task_factory, seed=seed, options=options, device=dev.torch_device)
 
 
 def _seed_list(seeds: int | Sequence[int], steps: int | None) -> list[int]:
@@ -268,7 +268,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     fp32_prec, amp_prec = _precisions(precision, device)
     regions = _fp32_modules(fp32_modules)
     dev = amp_prec.device
-    make = _task_maker(task_factory, task_options)
+    make = _task_maker(task_factory, task_options, dev)
     first_task = make(seed_list[0])
     total_steps = steps or first_task.default_steps
     plan = RunPlan(make=make, seeds=tuple(seed_list), steps=total_steps,
