@@ -27,9 +27,8 @@ CONFIGS: dict[str, list[str]] = {
     "default-no-graph": ["--no-graph"],
     "small": ["--task-arg", "size=small"],
     "small-no-graph": ["--task-arg", "size=small", "--no-graph"],
-    "large-2-layers": ["--task-arg", "layers=2"],
-    "large-h1024-b512": ["--task-arg", "hidden=1024", "--task-arg", "batch_size=512"],
-    "large-h4096-b2048": ["--task-arg", "hidden=4096", "--task-arg", "batch_size=2048", "--task-arg", "layers=2"],
+    "h2048-b1024-3-layers": ["--task-arg", "hidden=2048", "--task-arg", "batch_size=1024", "--task-arg", "layers=3"],
+    "h1024-b512": ["--task-arg", "hidden=1024", "--task-arg", "batch_size=512"],
 }
 
 

@@ -5,9 +5,11 @@
 #   OUT=/tmp/out bash benchmarks/h200_session.sh a   # GPU tests; bench gpt2-small eager + compiled (rounds)
 #   OUT=/tmp/out bash benchmarks/h200_session.sh b   # GPU tests; bench resnet50 / hf-gpt2; compare digits
 #   OUT=/tmp/out bash benchmarks/h200_session.sh c   # compare charlm d256; --explain (benchmarks/explain_h200.py)
+#   OUT=/tmp/out bash benchmarks/h200_session.sh d   # GPU tests; the main job at several digits sizes
+#                                                    # (benchmarks/digits_sizes.py); bench gpt2-small bf16, 1 round
 # The device's copy of the tree has a stale .git: pass AMPKIT_GIT_COMMIT=<the commit you sent>.
 set -uo pipefail
-PART=${1:?part a, b or c}
+PART=${1:?part a, b, c or d}
 OUT=${OUT:?set OUT}
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -39,6 +41,14 @@ elif [ "$PART" = b ]; then
   step compare-digits 120 $PY -m ampkit compare --json --out /tmp/cmp-digits
   cp /tmp/cmp-digits/compare.json "$OUT/h200-2026-12-01-compare-digits.json" 2>/dev/null
   rm -f "$OUT"/compare-*.log  # the JSON has it all: at most 8 files come back
+elif [ "$PART" = d ]; then
+  step gpu-tests 200 $PY -m pytest -m gpu -q -rA -p no:cacheprovider tests --ignore=tests/distributed \
+      --ignore=tests/migrate --ignore=tests/diagnose/test_findings_registry.py
+  tail -50 "$OUT/gpu-tests.log" >> "$LOG"
+  step digits-sizes 240 env OUT="$OUT" $PY benchmarks/digits_sizes.py
+  step bench-gpt2 150 $PY -m ampkit bench --model gpt2-small --precision bf16 --graph \
+      --runners plain,ampkit,ampkit-graph --json --out "$OUT/h200-2026-12-01-gpt2-small-d.json"
+  rm -f "$OUT"/digits-sizes.log "$OUT"/bench-gpt2.log
 else
   step compare-charlm 150 $PY -m ampkit compare --task charlm --task-arg d_model=256 --task-arg n_layers=4 \
       --task-arg seq_len=256 --precision bf16 --json --out /tmp/cmp-charlm

@@ -149,3 +149,15 @@ def test_graphed_resume_matches_the_uninterrupted_run(tmp_path):
     resumed = {h["step"]: h["loss"] for h in first.history + second.history}
     for h in whole.history:
         assert resumed[h["step"]] == pytest.approx(h["loss"], rel=1e-3, abs=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_the_default_task_on_a_gpu_is_the_large_model_graphed_to_95_percent(precision):
+    # The README's main job on a GPU: digits sizes itself for the device, keeps its images there, and the
+    # whole step is captured in every precision (so compare's speed-up compares precisions).
+    r = train(TrainConfig(task="digits", precision=precision, log_every=50))
+    task = ampkit.load_task("digits", device="cuda")
+    assert task.extra["size"] == "large" and task.batch(0)[0].is_cuda
+    assert r.step_graph is True and r.steps == task.default_steps and r.skipped <= 3
+    assert r.metrics["accuracy"] >= 0.95, r.metrics

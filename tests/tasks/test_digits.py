@@ -83,3 +83,71 @@ def test_training_reaches_95_percent(precision):
         metrics = task.evaluate(model, torch.device("cpu"))
     assert metrics["accuracy"] >= 0.95, metrics
     assert isinstance(metrics["loss"], float) and metrics["loss"] < 0.3
+
+
+# ------------------------------------------------------------------------------------ sizes and devices
+def test_auto_size_is_the_small_model_on_the_cpu():
+    for task in (digits.make_task(), ampkit.load_task("digits", device="cpu")):
+        assert task.extra["size"] == "small" and task.samples_per_batch == 64
+        assert task.model.fc1.out_features == 128 and len(task.model.hidden) == 0
+        assert "small CNN" in task.description and task.batch(0)[0].device.type == "cpu"
+
+
+def test_an_accelerator_gets_the_large_model_with_its_images_on_the_device():
+    # The meta device stands in for an accelerator: shapes and placement without a GPU.
+    task = ampkit.load_task("digits", seed=0, device="meta")
+    cfg = digits.SIZES["large"]
+    assert task.extra["size"] == "large" and task.samples_per_batch == cfg["batch_size"]
+    assert task.model.fc1.out_features == cfg["hidden"] and len(task.model.hidden) == cfg["layers"] - 1
+    x, y = task.batch(3)
+    assert x.device.type == y.device.type == "meta"  # gathered there: a step copies no images
+    assert x.shape == (cfg["batch_size"], 1, 8, 8) and y.shape == (cfg["batch_size"],)
+    assert task.lr == cfg["lr"] and "large CNN" in task.description
+
+
+def test_large_batches_are_the_same_images_as_on_the_host():
+    # The device only changes where the images are gathered, not which: same seed, same batch.
+    host = digits.make_task(seed=2, size="large", hidden=8)
+    on_device = digits.make_task(seed=2, size="large", hidden=8, device="meta")
+    assert host.batch(5)[0].shape == on_device.batch(5)[0].shape
+    x_train, y_train, _, _ = digits.load_split()
+    n = len(y_train)
+    labels = host.batch(0)[1]  # 2048 > 1438: all of epoch 0, then the start of epoch 1
+    assert torch.equal(labels[:n].sort().values, y_train.sort().values)
+
+
+def test_options_override_the_size_and_flops_follow_the_layers():
+    task = digits.make_task(size="large", hidden=32, layers=3, channels=4, batch_size=8)
+    m = task.model
+    assert m.conv.out_channels == 4 and m.fc1.out_features == 32 and len(m.hidden) == 2
+    out = m(task.batch(0)[0])
+    assert out.shape == (8, 10)
+    macs = 8 * 8 * 4 * 9 + 4 * 16 * 32 + 2 * 32 * 32 + 32 * 10  # conv (8x8 outputs), fc1, 2 hidden, fc2
+    assert task.flops_per_step == 3 * 2 * macs * 8
+
+
+@pytest.mark.parametrize("options, needle", [({"size": "huge"}, "size='huge'"),
+                                             ({"hidden": 0}, "hidden=0"),
+                                             ({"layers": -1}, "layers=-1")])
+def test_bad_size_options_are_one_line_errors(options, needle):
+    with pytest.raises(ampkit.UsageError, match=needle):
+        ampkit.load_task("digits", options=options)
+
+
+def test_load_task_passes_the_device_only_to_factories_that_take_one():
+    seen = {}
+
+    def with_device(seed=0, device=None):
+        seen["device"] = device
+        return digits.make_task(seed=seed)
+
+    def without(seed=0, **options):  # **options must not receive a device it never asked for
+        seen["options"] = options
+        return digits.make_task(seed=seed)
+
+    ampkit.load_task(with_device, device="meta")
+    assert seen["device"] == torch.device("meta")
+    ampkit.load_task(without, device="meta")
+    assert seen["options"] == {}
+    ampkit.load_task(with_device, device="meta", options={"device": "cpu"})  # an explicit option wins
+    assert seen["device"] == "cpu"
