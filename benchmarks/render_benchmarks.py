@@ -47,8 +47,10 @@ def kind_of(data: dict) -> str:
         return "distributed"
     if "benchmark" in data and isinstance(data.get("results"), list) and "summary" in data:
         return "rounds"  # a script under benchmarks/ that measures configurations in rounds (e.g. fp8_h200.py)
-    raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json "
-                      "or the distributed summary)")
+    if data.get("kind") == "digits-sizes" and isinstance(data.get("configs"), dict):
+        return "sizes"  # benchmarks/digits_sizes.py: the main job at several model sizes
+    raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json, "
+                      "the distributed summary or benchmarks/digits_sizes.py's)")
 
 
 def _rel(path: Path) -> str:
@@ -88,7 +90,7 @@ def _card(data: dict) -> str:
 
 
 def _torch(data: dict) -> str:
-    return (data.get("versions") or {}).get("torch") or "not recorded"
+    return (data.get("versions") or {}).get("torch") or data.get("torch") or "not recorded"
 
 
 def _commit(data: dict) -> str:
@@ -234,16 +236,26 @@ def bench_section(model: str, files: list[dict]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- others
+def _model(data: dict) -> str:
+    """The model part of a compare file's task description ("large CNN (...)"), which tells sizes apart."""
+    desc = data.get("task_description") or ""
+    parts = desc.split("), ", 1)
+    model = parts[1] if len(parts) == 2 else desc
+    return model.split(", cross-entropy")[0].split("; metric")[0].strip()
+
+
 def compare_section(files: list[dict]) -> list[str]:
     newest: dict[tuple, dict] = {}
     for data in sorted(files, key=lambda d: _date(d)):
-        newest[(data["task"], data["precision"], _card(data))] = data
+        newest[(data["task"], _model(data), data["precision"], _card(data))] = data
     sources = Sources()
     lines = ["## FP32 vs AMP (`ampkit compare`)", "",
-             "| task | precision | verdict | final metric: FP32 mean / AMP mean (allowed) | skipped AMP steps | "
-             "matmul FLOPs in low precision | speed-up | memory saving | source |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(newest, key=lambda k: (k[0], PRECISIONS.index(k[1]) if k[1] in PRECISIONS else 99)):
+             "Speed-up: AMP samples/s over FP32's, both with the whole step as one device graph where it was "
+             "captured; eager: the same with eager steps (short runs beside the graphed ones).", "",
+             "| task | model | precision | verdict | final metric: FP32 mean / AMP mean (allowed) | skipped AMP steps | "
+             "matmul FLOPs in low precision | speed-up | eager | memory saving | source |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(newest, key=lambda k: (k[0], k[1], PRECISIONS.index(k[2]) if k[2] in PRECISIONS else 99)):
         d = newest[key]
         fm = d.get("final_metric") or {}
         allowed = fm.get("allowed")
@@ -255,12 +267,40 @@ def compare_section(files: list[dict]) -> list[str]:
         runs = len(d.get("seeds", [])) * int(skipped.get("steps") or d.get("steps") or 0)
         ratios = d.get("ratios") or {}
         audit = d.get("audit") or {}
-        lines.append(f"| {d['task']} | {d['precision']} | **{d['verdict'].upper()}** | {metric} | "
+        graphed = ratios.get("step_graph")
+        eager = ratios.get("speedup_eager") if graphed else ratios.get("speedup")
+        speedup = _ratio(ratios.get("speedup"), 2) if graphed else "-"
+        lines.append(f"| {d['task']} | {_cell(_model(d))} | {d['precision']} | **{d['verdict'].upper()}** | {metric} | "
                      f"{amp_skipped} of {runs} | {_pct(audit.get('matmul_share'))} | "
-                     f"{_ratio(ratios.get('speedup'), 2)} | {_pct(ratios.get('memory_saving'))} | "
+                     f"{speedup} | {_ratio(eager, 2)} | {_pct(ratios.get('memory_saving'))} | "
                      f"{sources.ref(d)} |")
     lines += [""] + sources.render(lambda d: f"`ampkit compare --precision {d['precision']}` on {d['task']}: "
                                              f"seeds {d.get('seeds')}, {d.get('steps')} steps each")
+    return lines
+
+
+def sizes_section(files: list[dict]) -> list[str]:
+    """benchmarks/digits_sizes.py: the README's main job (`ampkit compare`, digits) at several model sizes."""
+    sources = Sources()
+    lines = ["## The main job at several model sizes (`benchmarks/digits_sizes.py`)", "",
+             "`ampkit compare` on digits, each configuration one CLI command; on an accelerator the default is the "
+             "large model. Samples/s: the median over the seeds.", "",
+             "| command | model | precision | verdict | FP32 samples/s | AMP samples/s | speed-up | eager | source |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for data in sorted(files, key=lambda d: _date(d)):
+        ref = sources.ref(data)
+        for row in data["configs"].values():
+            if row.get("verdict") is None:
+                lines.append(f"| `{row['command']}` | | | error (exit {row.get('exit')}) | | | | | {ref} |")
+                continue
+            sps = {side: _median(list(v.values())) if v else None for side, v in (row.get("samples_per_s") or {}).items()}
+            graphed = row.get("step_graph")
+            eager = row.get("speedup_eager") if graphed else row.get("speedup")
+            model = _model({"task_description": row.get("task") or ""})
+            lines.append(f"| `{row['command']}` | {_cell(model)} | {row.get('precision')} | "
+                         f"**{str(row['verdict']).upper()}** | {_rate(sps.get('fp32'))} | {_rate(sps.get('amp'))} | "
+                         f"{_ratio(row.get('speedup'), 2) if graphed else '-'} | {_ratio(eager, 2)} | {ref} |")
+    lines += [""] + sources.render(lambda d: "`OUT=... python benchmarks/digits_sizes.py`: 3 seeds, 300 steps per run")
     return lines
 
 
@@ -383,6 +423,8 @@ def render(results: list[dict] | None = None) -> str:
         out += rounds_section(name, rounds[name]) + [""]
     if by_kind.get("compare"):
         out += compare_section(by_kind["compare"]) + [""]
+    if by_kind.get("sizes"):
+        out += sizes_section(by_kind["sizes"]) + [""]
     if by_kind.get("distributed"):
         out += distributed_section(by_kind["distributed"]) + [""]
     if by_kind.get("doctor"):

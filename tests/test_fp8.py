@@ -202,6 +202,7 @@ def test_fp8_checkpoints_load_into_bf16_fp32_models_and_back():
 
 # ------------------------------------------------------------------------------ on a GPU with FP8
 @pytest.mark.gpu
+@needs_torchao
 def test_gpu_fp8_probe_and_resolve():
     dev = detect_device()
     caps = capabilities(dev, fp8_probe=True)
@@ -212,6 +213,7 @@ def test_gpu_fp8_probe_and_resolve():
 
 
 @pytest.mark.gpu
+@needs_torchao
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_gpu_fp8_training_step_compiled_close_to_bf16(recipe):
     dev = detect_device()

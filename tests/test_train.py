@@ -63,6 +63,20 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path):
     assert any("step-00000006.pt" in n for n in r.notes)
 
 
+def test_resume_into_another_model_stops_and_keeps_the_run(tmp_path):
+    # The checkpoints read well but belong to another model (the task's options changed, or digits was trained
+    # on a GPU, where it is the large model): starting from scratch would overwrite them. One line, exit 1.
+    train(TrainConfig(task=TOY, precision="fp32", steps=4, out=str(tmp_path), ckpt_every=2, log_every=1))
+    files = {p.name: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    out = _cli("train", "--task", TOY, "--task-arg", "hidden=8", "--steps", "6", "--out", str(tmp_path), "--resume")
+    assert out.returncode == 1, out.stderr
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and "step-00000004.pt does not fit this run" in err[0], err
+    assert "missing" in err[0] or "size mismatch" in err[0]
+    assert "train into another --out" in err[0] and "Traceback" not in out.stderr
+    assert {p.name: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == files  # nothing lost
+
+
 def _cli(*argv):
     return subprocess.run([sys.executable, "-m", "ampkit", *argv], capture_output=True, text=True, timeout=120)
 

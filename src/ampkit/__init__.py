@@ -38,6 +38,7 @@ _EXPORTS = {
     "PrecisionUnsupported": "ampkit.errors",
     "UsageError": "ampkit.errors",
     "CheckpointError": "ampkit.errors",
+    "CheckpointMismatch": "ampkit.errors",
     "TrainingHalted": "ampkit.errors",
 }
 

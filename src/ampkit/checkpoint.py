@@ -34,7 +34,7 @@ from torch import nn
 
 from ampkit.checkpoint_content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
-from ampkit.errors import AmpkitError, CheckpointError, UsageError
+from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "restore", "Restored", "CheckpointManager", "Found", "rng_state",
            "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine", "load_parts", "unwrap_model",
@@ -323,16 +323,16 @@ def load_parts(name: str, saved: Any, live: Any) -> list[str]:
     saved_list = saved if isinstance(saved, list) else [saved]
     live_list = list(live) if isinstance(live, (list, tuple)) else [live]
     if len(saved_list) != len(live_list):
-        raise CheckpointError(f"the checkpoint has {len(saved_list)} {name}(s), {len(live_list)} given: "
-                              f"pass them in a list, in the order they were saved")
+        raise CheckpointMismatch(f"the checkpoint has {len(saved_list)} {name}(s), {len(live_list)} given: "
+                                 f"pass them in a list, in the order they were saved")
     for i, (obj, sd) in enumerate(zip(live_list, saved_list)):
         try:
             obj.load_state_dict(sd)
         except (ValueError, KeyError, RuntimeError, TypeError) as exc:
             which = f"{name} {i}" if len(live_list) > 1 else name
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"the checkpoint's {which} state does not fit {type(obj).__name__}: "
-                                  f"{first[:160]}") from exc
+            raise CheckpointMismatch(f"the checkpoint's {which} state does not fit {type(obj).__name__}: "
+                                     f"{first[:160]}") from exc
     return []
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.errors import CheckpointError
+from ampkit.errors import CheckpointError, CheckpointMismatch
 
 __all__ = ["unwrap_model", "model_state", "load_model_state", "check_loadable", "some_keys"]
 
@@ -60,13 +60,13 @@ def load_model_state(model: nn.Module, saved: dict[str, Any]) -> None:
     if missing or unexpected:
         parts = [f"{label} {some_keys(keys)}" for label, keys in (("missing", missing), ("unexpected", unexpected))
                  if keys]
-        raise CheckpointError(f"the checkpoint's model does not fit {type(target).__name__}: {'; '.join(parts)}")
+        raise CheckpointMismatch(f"the checkpoint's model does not fit {type(target).__name__}: {'; '.join(parts)}")
     try:
         target.load_state_dict(remapped)
     except RuntimeError as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        raise CheckpointError(f"the checkpoint's model does not fit {type(target).__name__}: "
-                              f"{(lines[1] if len(lines) > 1 else lines[0] if lines else exc)[:200]}") from exc
+        raise CheckpointMismatch(f"the checkpoint's model does not fit {type(target).__name__}: "
+                                 f"{(lines[1] if len(lines) > 1 else lines[0] if lines else exc)[:200]}") from exc
 
 
 def some_keys(keys: list[str], n: int = 3) -> str:

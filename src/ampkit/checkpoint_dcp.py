@@ -30,7 +30,7 @@ from ampkit.checkpoint import (FORMAT, CheckpointManager, atomic_write_bytes, fs
 from ampkit.device import Device
 from ampkit.distributed.group import DistContext, active
 from ampkit.distributed.wrap import unwrap
-from ampkit.errors import CheckpointError, first_line
+from ampkit.errors import CheckpointError, CheckpointMismatch, first_line
 
 __all__ = ["RunCheckpoints", "is_complete_dcp"]
 
@@ -151,6 +151,9 @@ class RunCheckpoints:
                 continue
             try:
                 state = self._load(path, model, optimizer, amp, device, scheduler, notes)
+            except CheckpointMismatch as exc:  # another run's checkpoint: never train over it from scratch
+                raise CheckpointMismatch(f"{path} does not fit this run ({exc}): resume with the task, options "
+                                         f"and optimizer it was trained with, or train into another --out") from exc
             except CheckpointError as exc:
                 notes.append(f"skipped unreadable checkpoint: {exc}")
                 continue

@@ -8,6 +8,7 @@ __all__ = [
     "DeviceError",
     "PrecisionUnsupported",
     "CheckpointError",
+    "CheckpointMismatch",
     "TrainingHalted",
     "first_line",
 ]
@@ -69,6 +70,14 @@ class CheckpointError(AmpkitError):
     >>> ampkit.load_checkpoint("missing.pt")
     Traceback (most recent call last):
     ampkit.errors.CheckpointError: checkpoint missing.pt does not exist
+    """
+
+
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint that reads well but does not fit the objects given (another model, optimizer, count).
+
+    Resuming skips checkpoints that cannot be read (a torn last file) but stops at one of these: starting
+    from scratch would overwrite the run's checkpoints with another run's.
     """
 
 

@@ -120,3 +120,17 @@ def test_rounds_files_show_every_round(tmp_path):
     for r in fp8["results"]:
         assert rb._ms(r["ms_per_step"]) in page
     assert f"## {fp8['benchmark']}" in page
+
+
+def test_sizes_files_show_every_configuration_and_compare_rows_keep_each_model(tmp_path):
+    rb = _render_module()
+    page = rb.render(rb.load_results(ROOT / "benchmarks" / "results"))
+    sizes = json.loads((ROOT / "benchmarks" / "results" / "h200-2026-12-01-digits-sizes.json").read_text(encoding="utf-8"))
+    section = page.split("## The main job at several model sizes", 1)[1].split("\n## ", 1)[0]
+    for row in sizes["configs"].values():
+        line = next(x for x in section.splitlines() if x.startswith(f"| `{row['command']}` |"))
+        assert f"**{row['verdict'].upper()}**" in line
+        assert rb._ratio(row["speedup_eager"] if row["step_graph"] else row["speedup"], 2) in line
+    compare = page.split("## FP32 vs AMP", 1)[1].split("\n## ", 1)[0]
+    digits_bf16 = [x for x in compare.splitlines() if x.startswith("| digits |") and "| bf16 |" in x]
+    assert len(digits_bf16) == 2 and any("large CNN" in x for x in digits_bf16)  # a new size does not hide the old
