@@ -78,6 +78,11 @@ class CheckpointMismatch(CheckpointError):
 
     Resuming skips checkpoints that cannot be read (a torn last file) but stops at one of these: starting
     from scratch would overwrite the run's checkpoints with another run's.
+
+    >>> import torch
+    >>> ampkit.restore({"model": torch.nn.Linear(2, 2).state_dict()}, model=torch.nn.Linear(3, 3))
+    Traceback (most recent call last):
+    ampkit.errors.CheckpointMismatch: the checkpoint's model does not fit Linear: size mismatch for weight: ...
     """
 
 

@@ -59,8 +59,9 @@ def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Bat
 class Task:
     """What ampkit trains.
 
-    ``batch(step)`` returns the CPU tensors of micro-step ``step`` and must depend only on the
-    task's seed and ``step``: that is what makes resume exact and FP32-vs-AMP comparisons fair.
+    ``batch(step)`` returns the tensors of micro-step ``step`` (on the CPU, or already on the run's device
+    when the factory took a ``device``) and must depend only on the task's seed and ``step``: that is what
+    makes resume exact and FP32-vs-AMP comparisons fair.
     ``loss(model, batch)`` runs the forward pass and returns a scalar loss (called under autocast).
     ``evaluate(model, device)`` returns metrics (called under autocast and ``torch.no_grad``).
     ``make_optimizer(model)`` builds the optimizer (default: AdamW with ``lr``/``weight_decay``, fused
