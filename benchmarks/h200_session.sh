@@ -7,9 +7,11 @@
 #   OUT=/tmp/out bash benchmarks/h200_session.sh c   # compare charlm d256; --explain (benchmarks/explain_h200.py)
 #   OUT=/tmp/out bash benchmarks/h200_session.sh d   # GPU tests; the main job at several digits sizes
 #                                                    # (benchmarks/digits_sizes.py); bench gpt2-small bf16, 1 round
+#   OUT=/tmp/out bash benchmarks/h200_session.sh e   # GPU tests with torchao (carry .whl); compare charlm d256;
+#                                                    # bench gpt2-small compiled with max-autotune-no-cudagraphs
 # The device's copy of the tree has a stale .git: pass AMPKIT_GIT_COMMIT=<the commit you sent>.
 set -uo pipefail
-PART=${1:?part a, b, c or d}
+PART=${1:?part a, b, c, d or e}
 OUT=${OUT:?set OUT}
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -49,6 +51,18 @@ elif [ "$PART" = d ]; then
   step bench-gpt2 150 $PY -m ampkit bench --model gpt2-small --precision bf16 --graph \
       --runners plain,ampkit,ampkit-graph --json --out "$OUT/h200-2026-12-01-gpt2-small-d.json"
   rm -f "$OUT"/digits-sizes.log "$OUT"/bench-gpt2.log
+elif [ "$PART" = e ]; then
+  $PY -m pip install --no-deps -q .whl/torchao-*.whl >> "$LOG" 2>&1
+  step gpu-tests 200 $PY -m pytest -m gpu -q -rA -p no:cacheprovider tests --ignore=tests/distributed \
+      --ignore=tests/migrate --ignore=tests/diagnose/test_findings_registry.py
+  tail -50 "$OUT/gpu-tests.log" >> "$LOG"
+  step compare-charlm 150 $PY -m ampkit compare --task charlm --task-arg d_model=256 --task-arg n_layers=4 \
+      --task-arg seq_len=256 --precision bf16 --json --out /tmp/cmp-charlm
+  cp /tmp/cmp-charlm/compare.json "$OUT/h200-2026-12-01-compare-charlm-d256-e.json" 2>/dev/null
+  step bench-gpt2-autotune 330 $PY -m ampkit bench --model gpt2-small --precision bf16 --compile --no-eager \
+      --compile-mode max-autotune-no-cudagraphs --runners plain,ampkit --json \
+      --out "$OUT/h200-2026-12-01-gpt2-small-autotune.json"
+  rm -f "$OUT"/compare-charlm.log
 else
   step compare-charlm 150 $PY -m ampkit compare --task charlm --task-arg d_model=256 --task-arg n_layers=4 \
       --task-arg seq_len=256 --precision bf16 --json --out /tmp/cmp-charlm
