@@ -151,3 +151,10 @@ def test_load_task_passes_the_device_only_to_factories_that_take_one():
     assert seen["options"] == {}
     ampkit.load_task(with_device, device="meta", options={"device": "cpu"})  # an explicit option wins
     assert seen["device"] == "cpu"
+
+    def string_default(seed=0, device: str = "cpu"):  # a factory written for --task-arg device=cuda
+        seen["string"] = device
+        return digits.make_task(seed=seed)
+
+    ampkit.load_task(string_default, device="meta")
+    assert seen["string"] == "meta"  # its own type, not a torch.device its code never expected

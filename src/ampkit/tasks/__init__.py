@@ -208,14 +208,15 @@ def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[s
     accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if "seed" in params or accepts_kwargs:
         options["seed"] = seed
-    if device is not None and "device" in params and "device" not in options:
-        options["device"] = torch.device(device)
     unknown = [k for k in options if k not in params and not accepts_kwargs]
     if unknown:
         raise UsageError(f"task {spec!r} takes no option(s) {', '.join(unknown)}; it takes: "
                          f"{', '.join(p for p in params if p != 'seed') or 'none'}")
     for key, value in options.items():
         _check_option_type(spec, key, value, params.get(key))
+    if device is not None and "device" in params and "device" not in options:
+        # A torch.device, or its string where the factory's default is a string ("cpu").
+        options["device"] = str(device) if isinstance(params["device"].default, str) else torch.device(device)
     torch.manual_seed(seed)
     try:
         task = factory(**options)
