@@ -9,9 +9,10 @@
 #                                                    # (benchmarks/digits_sizes.py); bench gpt2-small bf16, 1 round
 #   OUT=/tmp/out bash benchmarks/h200_session.sh e   # GPU tests with torchao (carry .whl); compare charlm d256;
 #                                                    # bench gpt2-small compiled with max-autotune-no-cudagraphs
+#   OUT=/tmp/out bash benchmarks/h200_session.sh f   # FP8 and graph GPU tests (carry .whl); compare charlm d256 in FP8
 # The device's copy of the tree has a stale .git: pass AMPKIT_GIT_COMMIT=<the commit you sent>.
 set -uo pipefail
-PART=${1:?part a, b, c, d or e}
+PART=${1:?part a, b, c, d, e or f}
 OUT=${OUT:?set OUT}
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -63,6 +64,13 @@ elif [ "$PART" = e ]; then
       --compile-mode max-autotune-no-cudagraphs --runners plain,ampkit --json \
       --out "$OUT/h200-2026-12-01-gpt2-small-autotune.json"
   rm -f "$OUT"/compare-charlm.log
+elif [ "$PART" = f ]; then
+  $PY -m pip install --no-deps -q .whl/torchao-*.whl >> "$LOG" 2>&1
+  step gpu-tests 150 $PY -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_fp8.py tests/test_train_graph.py
+  tail -30 "$OUT/gpu-tests.log" >> "$LOG"
+  step compare-fp8 200 $PY -m ampkit compare --task charlm --task-arg d_model=256 --task-arg n_layers=4 \
+      --task-arg seq_len=256 --precision fp8 --seeds 2 --steps 200 --no-audit --json --out /tmp/cmp-fp8
+  cp /tmp/cmp-fp8/compare.json "$OUT/h200-2026-12-01-compare-charlm-fp8-graph.json" 2>/dev/null
 else
   step compare-charlm 150 $PY -m ampkit compare --task charlm --task-arg d_model=256 --task-arg n_layers=4 \
       --task-arg seq_len=256 --precision bf16 --json --out /tmp/cmp-charlm

@@ -251,6 +251,25 @@ def _fp8_task(seed: int = 0):
                        loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), samples_per_batch=64)
 
 
+@pytest.mark.gpu
+@needs_torchao
+def test_gpu_fp8_trains_as_a_step_graph_with_the_eager_losses():
+    # torchao's dynamic (tensorwise) scales are computed on the device: the FP8 step is captured like any other,
+    # and replaying it gives the eager losses step by step.
+    if not capabilities(detect_device(), probe=False).fp8.supported:
+        pytest.skip("no FP8 on this card")
+
+    def run(graph):
+        return ampkit.train(ampkit.TrainConfig(task="fp8-mlp", precision="fp8", steps=12, log_every=1,
+                                               evaluate=False, graph=graph), task=_fp8_task())
+
+    eager, graphed = run(False), run(None)
+    assert graphed.step_graph is True and eager.step_graph is False, graphed.notes
+    assert [h["step"] for h in graphed.history] == [h["step"] for h in eager.history]
+    for a, b in zip(eager.history, graphed.history):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), (a, b)
+
+
 def test_train_in_fp8_converts_the_layers_and_says_which():
     # FP8 is refused on this CPU, but torchao's Float8Linear runs here: a Precision named fp8 (BF16 autocast,
     # what resolve_precision gives on an FP8 card) shows that the trainer converts before training.

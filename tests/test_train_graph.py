@@ -161,3 +161,31 @@ def test_the_default_task_on_a_gpu_is_the_large_model_graphed_to_95_percent(prec
     assert task.extra["size"] == "large" and task.batch(0)[0].is_cuda
     assert r.step_graph is True and r.steps == task.default_steps and r.skipped <= 3
     assert r.metrics["accuracy"] >= 0.95, r.metrics
+
+
+def _reads_under_autocast(seed: int = 0):
+    """The toy task whose model reads the device on the host only under autocast: the AMP runs cannot be
+    captured, the FP32 runs can."""
+    task = ampkit.load_task(TOY, seed=seed)
+    inner = task.model
+
+    class Reads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            if torch.is_autocast_enabled(x.device.type):
+                float(x.sum())  # a host read the AMP runs alone make
+            return self.inner(x)
+
+    task.model = Reads()
+    return task
+
+
+@pytest.mark.gpu
+def test_compare_trains_both_precisions_eagerly_when_only_one_can_be_graphed():
+    r = ampkit.compare(_reads_under_autocast, precision="bf16", seeds=2, steps=12, log_every=4, run_audit=False)
+    assert r.ratios["step_graph"] is False and r.ratios.get("speedup_eager") is None
+    assert any("BF16 could not run as one device graph" in n and "both precisions trained with eager steps" in n
+               for n in r.notes), r.notes

@@ -159,8 +159,6 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
     if ctx is not None and strategy is not None:
         model = wrap_model(model, strategy, precision, device, shard_fn=task.extra.get("shard"))
     blocker = graph_blocker(config, ctx, task, callbacks, device)
-    if blocker is None and precision.name == "fp8":
-        blocker = "FP8 layers (torchao) are not captured as a step graph yet"
     optimizer = make_optimizer(model, task, device, lr=config.lr, fused=config.fused, capturable=blocker is None)
     scheduler = task.make_scheduler(optimizer, total) if task.make_scheduler is not None else None
     if blocker is None and scheduler is not None:

@@ -157,25 +157,48 @@ def _fp32_modules(value: Any) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------- running
-def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress) -> dict[str, dict[int, Run]]:
-    """Every seed in FP32 and then in the AMP precision from the same initial weights."""
+def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress, notes: list[str]
+             ) -> dict[str, dict[int, Run]]:
+    """Every seed in FP32 and then in the AMP precision from the same initial weights.
+
+    Both precisions train the same way: where one replayed its step as a device graph and the other could not
+    (FP8 layers, a host read under autocast only), the graphed runs are trained again with eager steps and the
+    rest run eagerly, so the speed-up compares precisions, not launch overheads; ``notes`` says why.
+    """
     runs: dict[str, dict[int, Run]] = {"fp32": {}, "amp": {}}
     total = 2 * len(plan.seeds)
-    idx = 0
+    count = iter(range(1, 10 ** 9))
+
+    def one(seed: int, side: str) -> None:
+        prec = plan.fp32 if side == "fp32" else plan.amp
+        idx = next(count)
+        emit({"event": "run_start", "run": idx, "runs": total, "seed": seed, "precision": prec.name,
+              "total": plan.steps})
+
+        def fwd(ev: dict[str, Any], _run: int = idx) -> None:
+            emit({**ev, "run": _run})
+
+        _, run = plan.run(seed, prec, fp32_modules=fp32_modules if side == "amp" else (), progress=fwd)
+        runs[side][seed] = run
+        emit({"event": "run_end", "run": idx, "runs": total, "seed": seed, "precision": prec.name,
+              "wall_s": run.result.wall_s, "metric": run.metric, "value": run.final, "skipped": run.result.skipped})
+
     for seed in plan.seeds:
-        for side, prec in (("fp32", plan.fp32), ("amp", plan.amp)):
-            idx += 1
-            emit({"event": "run_start", "run": idx, "runs": total, "seed": seed, "precision": prec.name,
-                  "total": plan.steps})
-
-            def fwd(ev: dict[str, Any], _run: int = idx) -> None:
-                emit({**ev, "run": _run})
-
-            _, run = plan.run(seed, prec, fp32_modules=fp32_modules if side == "amp" else (), progress=fwd)
-            runs[side][seed] = run
-            emit({"event": "run_end", "run": idx, "runs": total, "seed": seed, "precision": prec.name,
-                  "wall_s": run.result.wall_s, "metric": run.metric, "value": run.final,
-                  "skipped": run.result.skipped})
+        for side in ("fp32", "amp"):
+            one(seed, side)
+        graphed = {side: runs[side][seed].result.step_graph for side in runs}
+        if plan.graph is not False and graphed["fp32"] != graphed["amp"]:
+            eager_side = "fp32" if not graphed["fp32"] else "amp"
+            why = next((n.split(": ", 1)[1] for n in runs[eager_side][seed].result.notes
+                        if n.startswith("eager steps, no step graph: ")), "the step could not be captured")
+            label = (plan.fp32 if eager_side == "fp32" else plan.amp).name.upper()
+            notes.append(f"{label} could not run as one device graph ({why}): both precisions trained with eager "
+                         f"steps, so the speed-up compares precisions, not launch overheads")
+            plan.graph = False
+            total += sum(1 for side in runs for r in runs[side].values() if r.result.step_graph)
+            for side in runs:
+                for done_seed in [s for s, r in runs[side].items() if r.result.step_graph]:
+                    one(done_seed, side)
     return runs
 
 
@@ -280,7 +303,8 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
           "reason": amp_prec.reason, "device": str(dev), "steps": total_steps, "seeds": seed_list,
           "fp32_modules": list(regions)})
 
-    runs = _run_all(plan, regions, emit)
+    run_notes: list[str] = []
+    runs = _run_all(plan, regions, emit, run_notes)
     metric_name = runs["amp"][seed_list[0]].metric
     higher = first_task.higher_is_better if metric_name != "training loss" else False
     verdict = judge(label=label, fp32={s: outcome(r) for s, r in runs["fp32"].items()},
@@ -288,7 +312,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
                     higher_is_better=higher, bf16_advice=bf16_advice(dev) if amp_prec.use_scaler else None)
     throughput, memory, ratios, perf_notes = _perf(runs, dev, label)
     perf_notes += _eager_too(plan, runs, ratios, label, emit)
-    notes = list(verdict.notes) + perf_notes
+    notes = list(verdict.notes) + run_notes + perf_notes
     audit_summary = None
     if run_audit:
         emit({"event": "audit"})
