@@ -2,7 +2,8 @@
 
 >>> prec = resolve_precision("auto")            # BF16 where supported, else FP16, else FP32
 >>> prec.name, prec.use_scaler, prec.reason     # doctest: +SKIP
-('bf16', False, 'NVIDIA H200 supports BF16 (table, confirmed by probe): same range as FP32, no loss scaling')
+('bf16', False, 'auto: NVIDIA H200 (capability 9.0) supports BF16 (table, confirmed by probe): same exponent range
+ as FP32, no loss scaling')
 
 An explicit request the device cannot honour raises :class:`PrecisionUnsupported` naming the
 card and the fix; only ``auto`` chooses, and it says why. ``fp32`` is the full fallback:
@@ -111,9 +112,8 @@ def _refusal(caps: Capabilities, name: str) -> str:
     why = f"{name.upper()}: {_evidence(caps.dtypes[name])}"
     if not ok:
         return f"{label} supports neither BF16 nor FP16 here: use --precision fp32 ({why})"
-    if len(ok) == 1:
-        return f"{label} supports {ok[0].upper()} only: use --precision {ok[0]} ({why})"
-    return f"{label} does not support {name.upper()}: use --precision {' or '.join(ok)} ({why})"
+    # ``name`` (bf16 or fp16) is unsupported, so at most the other one is left.
+    return f"{label} supports {ok[0].upper()} only: use --precision {ok[0]} ({why})"
 
 
 def resolve_precision(
@@ -163,10 +163,9 @@ def resolve_precision(
             support = caps.dtypes[cand]
             if support.supported:
                 src = support.provenance + (f", {support.detail}" if support.detail else "")
+                # FP16 is reached only where BF16 is unsupported: the reason says why not.
                 why = ("same exponent range as FP32, no loss scaling" if cand == "bf16"
-                       else "BF16 unavailable here; FP16 with a dynamic loss scaler")
-                if cand == "fp16" and not caps.dtypes["bf16"].supported:
-                    why = f"BF16 {_why_not(caps, 'bf16')}; FP16 with a dynamic loss scaler"
+                       else f"BF16 {_why_not(caps, 'bf16')}; FP16 with a dynamic loss scaler")
                 return _make(cand, device, tf32=use_tf32, reason=f"auto: {label} supports {cand.upper()} ({src}): {why}")
         return _make("fp32", device, tf32=use_tf32,
                      reason=f"auto: {label} supports neither BF16 nor FP16 here: FP32")
