@@ -125,7 +125,9 @@ class _Progress(ProgressView):
         elif kind == "run_start":
             desc = f"run {ev['run']}/{ev['runs']} seed {ev['seed']} {ev['precision']}"
             if self.progress is not None:
-                self.progress.update(self.bar, description=desc, completed=(ev["run"] - 1) * self.steps)
+                # runs can grow: when only one precision could be graphed, the graphed runs are trained again
+                self.progress.update(self.bar, description=desc, total=ev["runs"] * self.steps,
+                                     completed=(ev["run"] - 1) * self.steps)
         elif kind == "log" and self.progress is not None:
             loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
             self.progress.update(self.bar, completed=(ev["run"] - 1) * self.steps + ev["step"],
