@@ -28,7 +28,7 @@ OUTPUT = ROOT / "BENCHMARKS.md"
 RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", "accelerate", "fabric")
 RUNNER_NAMES = {"plain": "hand-written loop", "ampkit": "ampkit", "ampkit-graph": "ampkit whole-step graph",
                 "lesson": "the lesson's loop", "accelerate": "Accelerate", "fabric": "Lightning Fabric"}
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 class ResultError(ValueError):

@@ -69,8 +69,11 @@ def test_gpt2_small_refused_on_cpu_in_one_line(capsys):
 
 
 def test_bad_input_is_one_line(capsys):
-    assert main(["bench", "--model", "lesson", "--precision", "fp8"]) == 2
-    assert "unknown precision 'fp8'" in capsys.readouterr().err
+    assert main(["bench", "--model", "lesson", "--precision", "fp4"]) == 2
+    assert "unknown precision 'fp4'" in capsys.readouterr().err
+    assert main(["bench", "--model", "lesson", "--precision", "fp8"]) == 1  # known, but this CPU has none
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no FP8 training" in err[0]
     assert main(["bench", "--model", "lesson", "--no-eager"]) == 2
     assert "--no-eager needs --compile" in capsys.readouterr().err
     assert main(["bench", "--model", "lesson", "--runners", "ampkit,deepspeed"]) == 2

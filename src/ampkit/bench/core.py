@@ -14,7 +14,7 @@ from torch import nn
 from ampkit.bench import measure
 from ampkit.bench.report import evaluate_bars, make_notes
 from ampkit.bench.runners import PEERS, RUNNERS, Built, Ctx, Refused, Unavailable, build
-from ampkit.bench.workloads import Workload, load_workload
+from ampkit.bench.workloads import Workload, fp8_copy, load_workload
 from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported, UsageError, first_line
 from ampkit.policy import Precision, resolve_precision
@@ -47,6 +47,7 @@ class BenchConfig:
     device: str | None = None
     seed: int = 0
     command: str | None = None
+    fp8_recipe: str = "tensorwise"  # torchao's scaling for the fp8 rows: "tensorwise" or "rowwise"
 
     def validate(self) -> None:
         for p in self.precisions or ():
@@ -63,6 +64,8 @@ class BenchConfig:
             raise UsageError(f"--rounds must be >= 1, got {self.rounds}")
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.fp8_recipe not in ("tensorwise", "rowwise"):
+            raise UsageError(f"--fp8-recipe must be tensorwise or rowwise, got {self.fp8_recipe!r}")
 
 
 class _LossModule(nn.Module):
@@ -108,7 +111,10 @@ def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[t
 
 def _runners_for(config: BenchConfig, label: str, compiled: bool) -> list[str]:
     if config.runners:
-        return [r for r in config.runners if not compiled or r not in PEERS]
+        # FP8 rows: ampkit's engine and the hand-written torchao loop; the peers have no torchao FP8 path.
+        return [r for r in config.runners if not ((compiled or label == "fp8") and r in PEERS)]
+    if label == "fp8":
+        return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
     if compiled:
         # The compiled step captured whole (forward, backward, clip, fused optimizer) with --graph.
         return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
@@ -153,12 +159,17 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     report({"event": "peak", **peak})
 
     modes = ([False] if config.eager else []) + ([True] if config.compile else [])
-    compiled_fwd = None
+    # FP8 rows train a copy of the model with torchao's Float8Linear layers; the other rows the model as it is.
+    workloads = {False: wl}
+    if any(label == "fp8" for label, _ in precisions):
+        workloads[True], summary = fp8_copy(wl, config.fp8_recipe)
+        notes.append(f"fp8 rows: {summary}; MFU against the BF16 matmul rate")
+    compiled_fwds: dict[bool, Any] = {}
     if config.compile:
         kw = {"backend": config.compile_backend}
         if config.compile_mode:
             kw["mode"] = config.compile_mode
-        compiled_fwd = torch.compile(_LossModule(wl.model, wl.loss), **kw)
+        compiled_fwds = {is_fp8: torch.compile(_LossModule(w.model, w.loss), **kw) for is_fp8, w in workloads.items()}
     tf32_before = device.tf32_switches()
     rounds = config.rounds or (5 if device.is_accelerator else 1)
     configs = [(label, prec, compiled, _runners_for(config, label, compiled))
@@ -181,8 +192,10 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
                         row = _row(label, prec, compiled, runner, status="error",
                                    message=f"compile failed: {compile_error}")
                     else:
-                        fwd = (lambda b, m=compiled_fwd: m(*b)) if compiled else (lambda b, w=wl: w.loss(w.model, b))
-                        row = _measure(wl, device, label, prec, compiled, runner, fwd, config, steps, warmup,
+                        w = workloads[label == "fp8"]
+                        fwd = ((lambda b, m=compiled_fwds[label == "fp8"]: m(*b)) if compiled
+                               else (lambda b, w=w: w.loss(w.model, b)))
+                        row = _measure(w, device, label, prec, compiled, runner, fwd, config, steps, warmup,
                                        peak["flops_per_s"], check_syncs=rnd == 0)
                         if compiled and row["status"] == "error" and runner == "plain":
                             compile_error = row["message"]
@@ -208,7 +221,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "settings": {"steps": steps, "warmup": warmup, "rounds": rounds, "max_grad_norm": config.max_grad_norm,
                      "compile_mode": config.compile_mode or "default", "compile_backend": config.compile_backend,
                      "optimizer": wl.optimizer_name + " (lesson runner: the default foreach/for-loop form)",
-                     "sync_steps": config.sync_steps, "seed": config.seed},
+                     "sync_steps": config.sync_steps, "seed": config.seed,
+                     **({"fp8_recipe": config.fp8_recipe} if True in workloads else {})},
         "rows": rows,
     }
     result["bars"] = evaluate_bars(result)

@@ -8,6 +8,8 @@ Names: ``gpt2-small`` (charlm in the GPT-2-small shape; accelerators only), ``ch
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,7 +21,7 @@ from ampkit.bench.foreign import FOREIGN, build_foreign
 from ampkit.device import Device
 from ampkit.errors import UsageError
 
-__all__ = ["Workload", "load_workload", "SimpleModel", "GPT2_SMALL", "MODEL_NAMES"]
+__all__ = ["Workload", "load_workload", "fp8_copy", "SimpleModel", "GPT2_SMALL", "MODEL_NAMES"]
 
 # GPT-2 small: 124M parameters with the vocabulary padded from 50257 to 50304 (a multiple of 64, so
 # the head's matmul tiles evenly), 16 sequences of 1024 tokens.
@@ -132,3 +134,17 @@ def _from_task(task: Any, name: str) -> Workload:
     return Workload(name=name, description=task.description, model=task.model, loss=task.loss, batches=batches,
                     flops_per_step=task.flops_per_step, tokens_per_step=task.tokens_per_batch,
                     samples_per_step=task.samples_per_batch, lr=task.lr, weight_decay=task.weight_decay)
+
+
+def fp8_copy(wl: Workload, recipe: str) -> tuple[Workload, str]:
+    """The workload with a copy of its model whose chosen ``nn.Linear`` layers are torchao's ``Float8Linear``
+    (:func:`ampkit.fp8.convert`): the same initial weights (the state dict keys do not change) and batches, so
+    the FP8 rows time the same training as the others; ``wl`` itself is left as it was. Returns the copy and
+    the conversion's one-line summary."""
+    from ampkit.fp8 import convert
+
+    model = copy.deepcopy(wl.model)
+    report = convert(model, recipe=recipe)
+    out = dataclasses.replace(wl, model=model)
+    out.reset()
+    return out, report.summary()

@@ -36,8 +36,10 @@ def register(sub, formatter_class):
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the task factory, repeatable (e.g. d_model=256)")
     p.add_argument("--precision", nargs="+", default=None, metavar="P",
-                   help=f"one or more of {' | '.join(BENCH_PRECISIONS)} (tf32: fp32 with TF32 matmuls); "
-                        "default: every one the device has")
+                   help=f"one or more of {' | '.join(BENCH_PRECISIONS)} (tf32: fp32 with TF32 matmuls; fp8: torchao's "
+                        "Float8Linear under BF16 autocast, asked for by name); default: every one the device has but fp8")
+    p.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"),
+                   help="torchao's scaling for the fp8 rows (default tensorwise)")
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd model + loss")
     p.add_argument("--no-eager", action="store_true", help="with --compile: compiled configurations only")
     p.add_argument("--compile-mode", default=None, metavar="MODE",
@@ -71,7 +73,7 @@ def run(args) -> int:
         model=args.model, task_options=parse_task_args(args.task_arg), precisions=_split(args.precision),
         eager=not args.no_eager, compile=args.compile, compile_mode=args.compile_mode, graph=args.graph,
         runners=_split([args.runners] if args.runners else None), steps=args.steps, warmup=args.warmup,
-        rounds=args.rounds,
+        rounds=args.rounds, fp8_recipe=args.fp8_recipe,
         device=args.device, seed=args.seed, command="ampkit bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1 and sys.argv[1] == "bench" else None,
     )
