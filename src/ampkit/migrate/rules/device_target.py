@@ -16,7 +16,7 @@ import re
 
 import libcst as cst
 
-from ampkit.migrate._cst import dotted, prepend_arg, string_value
+from ampkit.migrate._cst import dotted, last_name, prepend_arg, string_value
 from ampkit.migrate.context import VENDOR_SWAP
 from ampkit.migrate.device_resolve import device_type_of
 from ampkit.migrate.rules.base import Rule
@@ -33,6 +33,10 @@ TWINS = frozenset({
 _BACKEND = {"musa": ("nccl", "mccl"), "cuda": ("mccl", "nccl")}
 # A device string, or a template for one: "cuda", "cuda:0", "cuda:%d", "cuda:{}", "cuda:{rank}".
 _TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
+# Calls whose string arguments are path parts ("csrc", "cuda", "*.cu"), not devices.
+_PATH_CALLS = frozenset({"join", "glob", "iglob", "Path", "PurePath"})
+# Keywords whose string value is a name (an argparse flag, a destination), not a device.
+_NAME_KEYWORDS = frozenset({"name", "dest", "prefix"})
 
 
 class DeviceTargetRule(Rule):
@@ -132,12 +136,30 @@ class DeviceTargetRule(Rule):
         if value is None:
             return
         m = _TEMPLATE.fullmatch(value)
+        if m and m.group(1) == self.src and not m.group(2) and self._names_something(node):
+            return
         if m and m.group(1) == self.src:
             new = self.dst + value[len(self.src):]
             self._moved = True
             self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
         elif value == self.backend[0]:
             self._backends.append(node)
+
+    def _names_something(self, node: cst.SimpleString) -> bool:
+        """A bare "cuda" that is a name rather than a device (DeepLearningExamples): a folder in
+        ``os.path.join(dir, "cuda", "*.cu")``, an argparse flag ``name="cuda"`` read back as
+        ``args.cuda``, or a key of a keyword dict ``{"epochs": 3, "cuda": True}`` passed as ``**kw``."""
+        parent = self.ctx.parent(node)
+        if isinstance(parent, cst.Arg):
+            if parent.keyword is not None:
+                return parent.keyword.value in _NAME_KEYWORDS
+            call = self.ctx.parent(parent)
+            return isinstance(call, cst.Call) and last_name(call.func) in _PATH_CALLS
+        if isinstance(parent, cst.DictElement) and parent.key is node:
+            keys = [string_value(e.key) for e in getattr(self.ctx.parent(parent), "elements", ())
+                    if isinstance(e, cst.DictElement)]
+            return any(k is not None and device_type_of(k) is None for k in keys)
+        return False
 
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         # f"cuda:{rank}": the text before the first placeholder names the device.
