@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+from ampkit.migrate._cst import dotted
+
 if TYPE_CHECKING:
     from ampkit.migrate.amp_refs import AmpRefs
     from ampkit.migrate.device_resolve import DeviceResolver
@@ -65,7 +67,34 @@ class Context:
             return set()
         if callable(value):  # libcst hands out qualified names lazily
             value = value()
-        return {q.name for q in value}
+        names = {q.name for q in value}
+        if not names and self._star_torch and isinstance(node, (cst.Name, cst.Attribute)):
+            name = dotted(node)  # `torch` from `from x import *`: torch.cuda.amp.autocast by its own name
+            if name is not None and (name == "torch" or name.startswith("torch.")):
+                return {name}
+        return names
+
+    @cached_property
+    def _star_torch(self) -> bool:
+        """Whether ``torch`` reaches the module only through ``from x import *`` (DeepLearningExamples'
+        BART training_base.py): never imported or bound here, but used, next to a star import."""
+        if self._imported_torch or not any(
+                isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], cst.ImportFrom)
+                and isinstance(st.body[0].names, cst.ImportStar) for st in self.module.body):
+            return False
+        found: list[cst.Name] = []
+
+        class _FirstTorch(cst.CSTVisitor):
+            def visit_Name(self, node: cst.Name) -> None:
+                if node.value == "torch" and not found:
+                    found.append(node)
+
+        self.module.visit(_FirstTorch())
+        if not found:
+            return False
+        value = self._qn.get(found[0])
+        value = value() if callable(value) else value or ()
+        return not value  # bound nowhere in the module: the star import brings it
 
     def is_torch(self, node: cst.BaseExpression) -> bool:
         """Whether ``node`` is the name the module binds to ``torch`` (``torch``, ``th``): a syntactic
@@ -103,7 +132,12 @@ class Context:
     # the file's conventions
     @cached_property
     def torch_name(self) -> str | None:
-        """The module-level name bound to ``torch`` (``torch``, or ``th`` for ``import torch as th``)."""
+        """The module-level name bound to ``torch`` (``torch``, or ``th`` for ``import torch as th``;
+        ``torch`` when only a star import brings it)."""
+        return self._imported_torch or ("torch" if self._star_torch else None)
+
+    @cached_property
+    def _imported_torch(self) -> str | None:
         names: list[str] = []
         module = self.module
 
