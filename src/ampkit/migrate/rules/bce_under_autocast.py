@@ -1,5 +1,6 @@
 """``bce-under-autocast``: ``binary_cross_entropy`` inside an autocast region, or an ``nn.BCELoss``
-in a file that uses autocast.
+in a file that uses autocast. A loss bound to a local name whose every call in that function is
+outside autocast is not reported (DeepLearningExamples' DLRM evaluates after the block).
 
 Autocast refuses ``binary_cross_entropy`` (it is unsafe in FP16: the log of a probability rounded to
 0 or 1); ``BCEWithLogitsLoss`` fuses the sigmoid and is autocast-safe. Not rewritten: the sigmoid in
@@ -24,9 +25,22 @@ class BceUnderAutocastRule(AutocastRegionRule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self._bce_losses: list[cst.Call] = []
+        self._bce_losses: list[tuple[cst.Call, cst.FunctionDef | None]] = []
+        self._functions: list[cst.FunctionDef | None] = [None]
+        # (function, local name) -> whether each call of that name ran under autocast
+        self._calls: dict[tuple[cst.FunctionDef | None, str], list[bool]] = {}
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
+        self._functions.append(node)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.pop()
+        super().leave_FunctionDef(node)
 
     def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name):
+            self._calls.setdefault((self._functions[-1], node.func.value), []).append(self.in_autocast)
         name = self.ctx.callee(node.func)
         if name == "autocast":
             self.file_uses_autocast = True
@@ -35,12 +49,32 @@ class BceUnderAutocastRule(AutocastRegionRule):
                         "binary_cross_entropy under autocast raises an error (it is unsafe in float16); "
                         "compute the loss from logits instead.", _FIX)
         elif name == "BCELoss":
-            self._bce_losses.append(node)
+            self._bce_losses.append((node, self._functions[-1]))
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self.file_uses_autocast:
             return
-        for call in self._bce_losses:
+        for call, function in self._bce_losses:
+            if function is not None and self._only_called_outside(call, function):
+                continue
             self.report(call, "bce-under-autocast",
                         "nn.BCELoss in a file that uses autocast: called under autocast it raises an "
                         "error (binary_cross_entropy is unsafe in float16).", _FIX)
+
+    def _only_called_outside(self, call: cst.Call, function: cst.FunctionDef) -> bool:
+        """``loss_fn = nn.BCELoss()`` in a function that calls ``loss_fn(...)`` only outside autocast,
+        and hands it nowhere else (returned or passed on, it may be called under autocast there)."""
+        parent = self.ctx.parent(call)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+                and isinstance(parent.targets[0].target, cst.Name)):
+            return False
+        local = parent.targets[0].target.value
+        calls = self._calls.get((function, local), [])
+        uses = [0]
+
+        class _Uses(cst.CSTVisitor):
+            def visit_Name(self, node: cst.Name) -> None:
+                uses[0] += node.value == local
+
+        function.body.visit(_Uses())
+        return bool(calls) and not any(calls) and uses[0] == 1 + len(calls)
