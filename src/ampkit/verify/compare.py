@@ -27,6 +27,7 @@ are reported as ratios and never change the verdict.
 
 from __future__ import annotations
 
+import itertools
 import math
 import platform
 import time
@@ -167,7 +168,7 @@ def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress, notes
     """
     runs: dict[str, dict[int, Run]] = {"fp32": {}, "amp": {}}
     total = 2 * len(plan.seeds)
-    count = iter(range(1, 10 ** 9))
+    count = itertools.count(1)
 
     def one(seed: int, side: str) -> None:
         prec = plan.fp32 if side == "fp32" else plan.amp
