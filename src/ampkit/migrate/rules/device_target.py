@@ -2,7 +2,8 @@
 
 ``"cuda"``/``"cuda:0"`` strings (also ``f"cuda:{rank}"``, ``"cuda:%d" % rank`` and
 ``"cuda:{}".format(rank)``), ``.cuda()``, the ``torch.cuda.X`` runtime calls with a ``torch.musa``
-twin, and ``"nccl"`` when the file's device moves too (and the reverse for ``--target cuda``, which
+twin, ``torch.amp.GradScaler()`` without a device (its default is "cuda"), and ``"nccl"`` when the file's
+device moves too (and the reverse for ``--target cuda``, which
 also drops ``import torch_musa``). A vendor dispatcher that already handles the target
 (``if device_type == "cuda": ... elif device_type == "musa": ...``, ``("cuda", "musa")``) is left
 alone, or it would become two branches for one vendor. What cannot be moved safely
@@ -37,6 +38,9 @@ _TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
 _PATH_CALLS = frozenset({"join", "glob", "iglob", "Path", "PurePath"})
 # Keywords whose string value is a name (an argparse flag, a destination), not a device.
 _NAME_KEYWORDS = frozenset({"name", "dest", "prefix"})
+# torch.amp.GradScaler's device defaults to "cuda"; where CUDA is absent (a MUSA machine) it disables itself
+# with a warning, and FP16 then trains without loss scaling. (torch_musa replaces FSDP's ShardedGradScaler.)
+_SCALERS = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"})
 
 
 class DeviceTargetRule(Rule):
@@ -51,7 +55,7 @@ class DeviceTargetRule(Rule):
         if target not in VENDOR_SWAP:
             return False
         src = VENDOR_SWAP[target][0]
-        return src in text or _BACKEND[target][0] in text
+        return src in text or _BACKEND[target][0] in text or (target == "musa" and "GradScaler" in text)
 
     def visit_Module(self, node: cst.Module) -> None:
         self.src, self.dst = VENDOR_SWAP[self.ctx.target]
@@ -184,6 +188,11 @@ class DeviceTargetRule(Rule):
                         f"check torch.{self.dst} for an equivalent, or use the device-generic torch API")
 
     def visit_Call(self, node: cst.Call) -> None:
+        if self.dst == "musa" and self._scaler_on_default_device(node):
+            self._moved = True
+            device = self.ctx.literal(self.dst)
+            self.replace(node, lambda u: prepend_arg(u, cst.Arg(cst.SimpleString(device))))
+            return
         func = node.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == self.src) \
                 or self.ctx.is_torch(func.value):
@@ -206,6 +215,12 @@ class DeviceTargetRule(Rule):
                         f"`.{self.src}(...)` with a device argument was not rewritten for --target {self.dst}: "
                         "the argument may be an index or a device.",
                         f'.to(torch.device("{self.dst}", index))  # index: int')
+
+    def _scaler_on_default_device(self, node: cst.Call) -> bool:
+        """``torch.amp.GradScaler(...)`` given no device: its default, "cuda", does not exist on a MUSA card."""
+        if not self.ctx.qnames(node.func) & _SCALERS:
+            return False
+        return not any(a.keyword is None or a.star or a.keyword.value == "device" for a in node.args)
 
     def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if self.dst != "cuda" or len(node.body) != 1 or not isinstance(node.body[0], cst.Import):
