@@ -132,7 +132,9 @@ _ALL: tuple[CodeInfo, ...] = (
     _c("hard-coded-device", (MIGRATE,),
        "an AMP call with the device hard-coded to one vendor",
        "`torch.amp.autocast(\"<vendor>\")` / `GradScaler(\"<vendor>\")` with no device variable in reach runs "
-       "on that vendor only: on MUSA or the CPU autocast is off or the scaler fails",
+       "on that vendor only: on MUSA or the CPU autocast is off or the scaler fails; a `GradScaler()` given no "
+       "device at all is a \"cuda\" scaler, which disables itself where CUDA is absent (FP16 then trains "
+       "without loss scaling)",
        "pass the device in and use its type: `torch.amp.autocast(device.type, ...)`, "
        "`torch.amp.GradScaler(device.type, ...)`"),
     _c("scaler-with-bf16", _BOTH,

@@ -1,5 +1,6 @@
 """``hard-coded-device``: a ``torch.amp`` call whose device is a vendor literal (``"cuda"``) where
-no device variable is visible, so the code runs on that vendor only.
+no device variable is visible, so the code runs on that vendor only; and a ``torch.amp.GradScaler``
+given no device at all, which is a "cuda" scaler wherever the model runs.
 
 The reminder that the deprecated-API rewrite gives (``torch.cuda.amp.autocast()`` became
 ``torch.amp.autocast("cuda")``) stays after ``--fix``: this rule finds the rewritten call. Only
@@ -11,27 +12,34 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ampkit.migrate._cst import kwarg, string_value
+from ampkit.migrate._cst import kwarg, prepend_arg, string_value
 from ampkit.migrate.device_resolve import ACCELERATORS, device_type_of
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["HardCodedDeviceRule"]
 
-_NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", "torch.amp.GradScaler",
-            "torch.amp.grad_scaler.GradScaler", "torch.amp.custom_fwd", "torch.amp.custom_bwd",
-            "torch.amp.autocast_mode.custom_fwd", "torch.amp.autocast_mode.custom_bwd"}
+_SCALERS = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
+_NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", *_SCALERS,
+            "torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
+            "torch.amp.autocast_mode.custom_bwd"}
 
 
 class HardCodedDeviceRule(Rule):
     codes = ("hard-coded-device",)
-    tokens = (("autocast", "GradScaler", "custom_fwd", "custom_bwd"), ("cuda", "musa"))
+    tokens = (("autocast", "GradScaler", "custom_fwd", "custom_bwd"), ("cuda", "musa", "GradScaler"))
 
     @classmethod
     def applies(cls, ctx) -> bool:
         return ctx.target == "agnostic"
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not _NEW_API.intersection(self.ctx.qnames(node.func)):
+        names = _NEW_API.intersection(self.ctx.qnames(node.func))
+        if not names:
+            return
+        if names & _SCALERS and not any(a.keyword is None or a.star or a.keyword.value == "device"
+                                        for a in node.args):
+            if not self.ctx.in_fallback(node):
+                self._scaler_without_device(node)
             return
         arg = kwarg(node, "device_type") or kwarg(node, "device")
         if arg is None and node.args and node.args[0].keyword is None and not node.args[0].star:
@@ -47,3 +55,13 @@ class HardCodedDeviceRule(Rule):
                     f'the device is hard-coded to "{vendor}" and no device_type/device variable is visible '
                     f"here, so this runs on {vendor} only. Pass the device in.",
                     f'{self.ctx.code(example)}  # device_type: "cuda", "musa" or "cpu", passed in')
+
+    def _scaler_without_device(self, node: cst.Call) -> None:
+        """``torch.amp.GradScaler()`` given no device is a "cuda" scaler, whatever device the model is on: where
+        CUDA is absent (a MUSA card) it disables itself with a warning, and FP16 trains without loss scaling."""
+        choice = self.ctx.devices.visible(node, "cuda")  # the device variable in scope, as a rewrite would use it
+        fix = prepend_arg(node, cst.Arg(cst.parse_expression(choice.code if choice is not None else "device_type")))
+        self.report(node, "hard-coded-device",
+                    "this GradScaler is given no device, so it is a \"cuda\" scaler: on another device (a MUSA card) "
+                    "it disables itself with a warning and FP16 trains without loss scaling. Pass the device in.",
+                    f"{self.ctx.code(fix)}  # device_type: the model's device type")
