@@ -8,7 +8,18 @@ from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.device_resolve import DeviceChoice
 from ampkit.migrate.rules.base import Rule
 
-__all__ = ["new_callee", "amp_refs_for", "report_fallback"]
+__all__ = ["new_callee", "amp_refs_for", "report_fallback", "SCALERS", "scaler_without_device"]
+
+# torch.amp.GradScaler under its names. Its device defaults to "cuda": where CUDA is absent (a MUSA card) such a
+# scaler disables itself with a warning, and FP16 trains without loss scaling.
+SCALERS = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"})
+
+
+def scaler_without_device(rule: Rule, node: cst.Call) -> bool:
+    """``torch.amp.GradScaler(...)`` given no device: no positional argument, no ``device=``, no ``*``/``**``."""
+    if not rule.ctx.qnames(node.func) & SCALERS:
+        return False
+    return not any(a.keyword is None or a.star or a.keyword.value == "device" for a in node.args)
 
 
 def new_callee(ref: AmpRef, func: cst.BaseExpression) -> cst.BaseExpression:

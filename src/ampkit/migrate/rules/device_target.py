@@ -20,6 +20,7 @@ import libcst as cst
 from ampkit.migrate._cst import dotted, last_name, prepend_arg, string_value
 from ampkit.migrate.context import VENDOR_SWAP
 from ampkit.migrate.device_resolve import device_type_of
+from ampkit.migrate.rules._amp import scaler_without_device
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["DeviceTargetRule", "TWINS"]
@@ -38,9 +39,6 @@ _TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
 _PATH_CALLS = frozenset({"join", "glob", "iglob", "Path", "PurePath"})
 # Keywords whose string value is a name (an argparse flag, a destination), not a device.
 _NAME_KEYWORDS = frozenset({"name", "dest", "prefix"})
-# torch.amp.GradScaler's device defaults to "cuda"; where CUDA is absent (a MUSA machine) it disables itself
-# with a warning, and FP16 then trains without loss scaling. (torch_musa replaces FSDP's ShardedGradScaler.)
-_SCALERS = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"})
 
 
 class DeviceTargetRule(Rule):
@@ -188,7 +186,8 @@ class DeviceTargetRule(Rule):
                         f"check torch.{self.dst} for an equivalent, or use the device-generic torch API")
 
     def visit_Call(self, node: cst.Call) -> None:
-        if self.dst == "musa" and self._scaler_on_default_device(node):
+        # A scaler given no device is a "cuda" scaler (torch_musa replaces FSDP's ShardedGradScaler itself).
+        if self.dst == "musa" and scaler_without_device(self, node):
             self._moved = True
             device = self.ctx.literal(self.dst)
             self.replace(node, lambda u: prepend_arg(u, cst.Arg(cst.SimpleString(device))))
@@ -215,12 +214,6 @@ class DeviceTargetRule(Rule):
                         f"`.{self.src}(...)` with a device argument was not rewritten for --target {self.dst}: "
                         "the argument may be an index or a device.",
                         f'.to(torch.device("{self.dst}", index))  # index: int')
-
-    def _scaler_on_default_device(self, node: cst.Call) -> bool:
-        """``torch.amp.GradScaler(...)`` given no device: its default, "cuda", does not exist on a MUSA card."""
-        if not self.ctx.qnames(node.func) & _SCALERS:
-            return False
-        return not any(a.keyword is None or a.star or a.keyword.value == "device" for a in node.args)
 
     def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if self.dst != "cuda" or len(node.body) != 1 or not isinstance(node.body[0], cst.Import):

@@ -14,12 +14,12 @@ import libcst as cst
 
 from ampkit.migrate._cst import kwarg, prepend_arg, string_value
 from ampkit.migrate.device_resolve import ACCELERATORS, device_type_of
+from ampkit.migrate.rules._amp import SCALERS, scaler_without_device
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["HardCodedDeviceRule"]
 
-_SCALERS = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
-_NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", *_SCALERS,
+_NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", *SCALERS,
             "torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
             "torch.amp.autocast_mode.custom_bwd"}
 
@@ -33,11 +33,9 @@ class HardCodedDeviceRule(Rule):
         return ctx.target == "agnostic"
 
     def visit_Call(self, node: cst.Call) -> None:
-        names = _NEW_API.intersection(self.ctx.qnames(node.func))
-        if not names:
+        if not _NEW_API.intersection(self.ctx.qnames(node.func)):
             return
-        if names & _SCALERS and not any(a.keyword is None or a.star or a.keyword.value == "device"
-                                        for a in node.args):
+        if scaler_without_device(self, node):
             if not self.ctx.in_fallback(node):
                 self._scaler_without_device(node)
             return
