@@ -23,7 +23,7 @@ TOY = os.path.join(HERE, "toy_task.py") + ":make_task"
 
 def test_cpu_runs_eagerly_and_says_so_only_when_asked():
     r = train(TrainConfig(task=TOY, precision="fp32", steps=3, evaluate=False))
-    assert r.step_graph is False
+    assert r.step_graph is False and r.step_graph_fallback == "cpu has no device graphs"
     assert not any("graph" in n for n in r.notes)  # the CPU never has graphs: no note on every run
     forced = train(TrainConfig(task=TOY, precision="fp32", steps=3, evaluate=False, graph=True))
     assert forced.step_graph is False

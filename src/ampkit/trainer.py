@@ -156,6 +156,7 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)
     warnings: list[dict[str, Any]] = field(default_factory=list)
     step_graph: bool = False  # the step ran as one replayed device graph (TrainConfig.graph)
+    step_graph_fallback: str | None = None  # why it did not (None when it did)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,4 +227,5 @@ def _train(run: Run, progress: Progress | None) -> TrainResult:
         notes=run.notes,
         warnings=sink.warnings,
         step_graph=done.graph_captured,
+        step_graph_fallback=None if done.graph_captured else (done.graph_fallback or run.graph_blocker),
     )

@@ -113,10 +113,9 @@ def _runners_for(config: BenchConfig, label: str, compiled: bool) -> list[str]:
     if config.runners:
         # FP8 rows: ampkit's engine and the hand-written torchao loop; the peers have no torchao FP8 path.
         return [r for r in config.runners if not ((compiled or label == "fp8") and r in PEERS)]
-    if label == "fp8":
-        return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
-    if compiled:
-        # The compiled step captured whole (forward, backward, clip, fused optimizer) with --graph.
+    if compiled or label == "fp8":
+        # Compiled: the step captured whole (forward, backward, clip, fused optimizer) with --graph.
+        # FP8: the peers and the lesson's loop have no torchao path.
         return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
     names = ["plain", "ampkit"]
     if config.graph:

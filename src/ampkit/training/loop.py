@@ -26,6 +26,7 @@ class LoopResult:
     interrupted_by: str | None  # the agreed signal's name when a signal stopped the run
     wall_s: float
     graph_captured: bool = False  # the step ran as one replayed device graph
+    graph_fallback: str | None = None  # why a step planned as a graph ran eagerly (the warm-up check)
 
 
 def batch_to(batch: Any, device: Device) -> Any:
@@ -114,7 +115,8 @@ def train_loop(run: Run, start: int, sink: MetricsSink, stop: StopRequest) -> Lo
     state.stop = stop.name
     call(run.callbacks, "on_end", state)
     return LoopResult(step=step, interrupted_by=stop.name, wall_s=wall,
-                      graph_captured=gstep is not None and gstep.captured)
+                      graph_captured=gstep is not None and gstep.captured,
+                      graph_fallback=gstep.fallback_reason if gstep is not None and not gstep.captured else None)
 
 
 def evaluate(run: Run) -> dict[str, float]:

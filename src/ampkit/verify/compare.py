@@ -190,8 +190,7 @@ def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress, notes
         graphed = {side: runs[side][seed].result.step_graph for side in runs}
         if plan.graph is not False and graphed["fp32"] != graphed["amp"]:
             eager_side = "fp32" if not graphed["fp32"] else "amp"
-            why = next((n.split(": ", 1)[1] for n in runs[eager_side][seed].result.notes
-                        if n.startswith("eager steps, no step graph: ")), "the step could not be captured")
+            why = runs[eager_side][seed].result.step_graph_fallback or "the step could not be captured"
             label = (plan.fp32 if eager_side == "fp32" else plan.amp).name.upper()
             notes.append(f"{label} could not run as one device graph ({why}): both precisions trained with eager "
                          f"steps, so the speed-up compares precisions, not launch overheads")
