@@ -10,6 +10,7 @@ def precision_name(value: str) -> str:
     """``"BF16"``, ``" bfloat16 "`` -> ``"bf16"``; an unknown name is returned lower-cased, for the caller to refuse."""
     name = str(value).strip().lower()
     return PRECISION_ALIASES.get(name, name)
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's scaling recipes; the first is the default
 BENCH_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
 BENCH_PEERS = ("accelerate", "fabric")
 BENCH_RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", *BENCH_PEERS)

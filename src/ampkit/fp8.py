@@ -35,14 +35,15 @@ from typing import Any, Callable, Iterator
 
 from torch import nn
 
+from ampkit.choices import FP8_RECIPES
 from ampkit.errors import AmpkitError, UsageError
 from ampkit.regions import strip_wrapper_prefixes
 
 __all__ = ["RECIPES", "DEFAULT_RECIPE", "FP8Filter", "FP8Report", "plan", "convert", "torchao_missing",
            "require_torchao", "INSTALL_HINT"]
 
-RECIPES = ("tensorwise", "rowwise")
-DEFAULT_RECIPE = "tensorwise"
+RECIPES = FP8_RECIPES
+DEFAULT_RECIPE = RECIPES[0]
 INSTALL_HINT = "pip install 'ampkit[fp8]' (torchao)"
 HEAD_NAMES = ("head", "lm_head", "output", "classifier")
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ampkit import distributed as dist_mod
+from ampkit.choices import FP8_RECIPES
 from ampkit.config import AmpConfig
 from ampkit.device import detect_device
 from ampkit.errors import UsageError
@@ -94,7 +95,7 @@ class TrainConfig:
     fp8_recipe: str = "tensorwise"  # with precision "fp8": torchao's "tensorwise" or "rowwise" scaling
 
     def validate(self) -> None:
-        if self.fp8_recipe not in ("tensorwise", "rowwise"):
+        if self.fp8_recipe not in FP8_RECIPES:
             raise UsageError(f"fp8_recipe must be 'tensorwise' or 'rowwise', got {self.fp8_recipe!r}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps must be a positive number of optimizer steps, got {self.steps}")

@@ -22,7 +22,7 @@ from ampkit.provenance import git_commit
 
 __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
 
-from ampkit.choices import BENCH_PRECISIONS  # noqa: E402  (re-exported)
+from ampkit.choices import BENCH_PRECISIONS, FP8_RECIPES  # noqa: E402  (BENCH_PRECISIONS re-exported)
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -64,7 +64,7 @@ class BenchConfig:
             raise UsageError(f"--rounds must be >= 1, got {self.rounds}")
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.fp8_recipe not in ("tensorwise", "rowwise"):
+        if self.fp8_recipe not in FP8_RECIPES:
             raise UsageError(f"--fp8-recipe must be tensorwise or rowwise, got {self.fp8_recipe!r}")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ampkit.cli.common import add_device_arg, add_precision_arg, console, print_json
-from ampkit.cli.compare import add_fp32_modules_arg
+from ampkit.cli.common import add_fp32_modules_arg
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:

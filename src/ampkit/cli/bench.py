@@ -6,7 +6,7 @@ import json
 import shlex
 import sys
 
-from ampkit.cli.common import add_device_arg, console, err_console, print_json
+from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, console, err_console, print_json
 
 __all__ = ["register", "run"]
 
@@ -38,8 +38,7 @@ def register(sub, formatter_class):
     p.add_argument("--precision", nargs="+", default=None, metavar="P",
                    help=f"one or more of {' | '.join(BENCH_PRECISIONS)} (tf32: fp32 with TF32 matmuls; fp8: torchao's "
                         "Float8Linear under BF16 autocast, asked for by name); default: every one the device has but fp8")
-    p.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"),
-                   help="torchao's scaling for the fp8 rows (default tensorwise)")
+    add_fp8_recipe_arg(p, "the fp8 rows")
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd model + loss")
     p.add_argument("--no-eager", action="store_true", help="with --compile: compiled configurations only")
     p.add_argument("--compile-mode", default=None, metavar="MODE",

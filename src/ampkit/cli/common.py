@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_device_arg", "add_precision_arg", "print_json", "console", "err_console"]
+__all__ = ["add_device_arg", "add_precision_arg", "add_fp32_modules_arg", "add_fp8_recipe_arg", "print_json", "console",
+           "err_console"]
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,19 @@ def add_precision_arg(p: argparse.ArgumentParser, default: str | None = "auto") 
     # type= runs before choices= is checked: "BF16" and "bfloat16" mean what they mean in the Python API.
     p.add_argument("--precision", default=default, type=precision_name, choices=PRECISION_CHOICES, metavar="P",
                    help=" | ".join(PRECISION_CHOICES) + " (any case; bfloat16/half/float32 also accepted)")
+
+
+def add_fp32_modules_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fp32-modules", default=None, metavar="NAMES",
+                   help="keep these modules in FP32 under autocast: comma-separated names, globs ('*.norm') or "
+                        "presets (preset:norm, preset:softmax, preset:loss)")
+
+
+def add_fp8_recipe_arg(p: argparse.ArgumentParser, what: str) -> None:
+    from ampkit.choices import FP8_RECIPES
+
+    p.add_argument("--fp8-recipe", default=FP8_RECIPES[0], choices=FP8_RECIPES,
+                   help=f"{what}: torchao's scaling recipe ({FP8_RECIPES[0]} is fastest on Hopper)")
 
 
 def print_json(obj: Any) -> None:

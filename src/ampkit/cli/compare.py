@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console, print_json
+from ampkit.cli.common import ProgressView, add_device_arg, add_fp32_modules_arg, add_precision_arg, console, print_json
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:
@@ -51,12 +51,6 @@ def register(sub, formatter_class):
                         "default 2x")
     p.set_defaults(func=run)
     return p
-
-
-def add_fp32_modules_arg(p) -> None:
-    p.add_argument("--fp32-modules", default=None, metavar="NAMES",
-                   help="keep these modules in FP32 under autocast: comma-separated names, globs ('*.norm') or "
-                        "presets (preset:norm, preset:softmax, preset:loss)")
 
 
 def _budget(text: str | None) -> tuple[float | None, float]:

@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 
-from ampkit.cli.common import ProgressView, add_device_arg, add_precision_arg, console, print_json
+from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg, add_fp32_modules_arg,
+                               add_precision_arg, console, print_json)
 
 EXAMPLES = """examples:
   ampkit train --task digits                               # auto precision, default steps
@@ -43,8 +44,7 @@ def register(sub, formatter_class):
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     p.add_argument("--tf32", action="store_true", default=None, help="allow TF32 for FP32 matmuls")
     p.add_argument("--no-fused", action="store_true", help="use the foreach AdamW instead of the fused one")
-    p.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"),
-                   help="with --precision fp8: torchao's scaling recipe (tensorwise: fastest on Hopper)")
+    add_fp8_recipe_arg(p, "with --precision fp8")
     p.add_argument("--no-graph", action="store_true",
                    help="eager steps: do not capture the whole step as one device graph (captured by default "
                         "where the device, the model and the run allow it; a note says why not otherwise)")
@@ -52,9 +52,7 @@ def register(sub, formatter_class):
     p.add_argument("--init-scale", type=float, default=None, metavar="X",
                    help="FP16: the loss scaler's initial scale (default 65536; `ampkit diagnose --fp16-range` "
                         "recommends one)")
-    p.add_argument("--fp32-modules", default=None, metavar="SPEC[,SPEC]",
-                   help="keep these modules in FP32 under autocast: names, globs (*.norm) or presets "
-                        "(preset:norm, preset:attention, preset:loss)")
+    add_fp32_modules_arg(p)
     p.add_argument("--callback", action="append", default=[], metavar="FILE.py:factory",
                    help="call factory() for an ampkit.Callback run before/after each step, repeatable "
                         "(module:factory works too)")
