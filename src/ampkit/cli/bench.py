@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   ampkit bench                                   # gpt2-small on a GPU, digits on the CPU; every precision
   ampkit bench --model gpt2-small --precision bf16 fp16 --compile
   ampkit bench --model lesson --precision fp16 --graph     # whole-step graph vs the lesson's loop
+  ampkit bench --model gpt2-small --precision bf16 fp8 --graph --compile   # FP8 (torchao) beside BF16
   ampkit bench --model charlm --task-arg d_model=256 --steps 10
   ampkit bench --model mytask.py:make_task --json > bench.json
 
