@@ -10,6 +10,7 @@ from ampkit.cli.train import add_task_args
 EXAMPLES = """examples:
   ampkit compare                                   # digits, the device's low precision, 3 seeds
   ampkit compare --precision fp16 --seeds 5        # judge FP16 against five FP32 seeds
+  ampkit compare --task-arg size=small            # digits' CPU-sized model, also on a GPU
   ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
   ampkit compare --json > verdict.json             # the same as DIR/compare.json, on stdout
   ampkit compare --task mytask.py:make_task --precision fp16 --explain
