@@ -4,7 +4,7 @@ From micro-batch ``shift_at`` on, the data changes:
 * ``mode="overflow"``: the inputs grow 300x. ``mix`` (unscaled attention scores, ``h @ h^T``) then exceeds
   FP16's largest value (65504) in every batch, while FP32 stays finite, and the LayerNorm after it keeps
   the rest of the model at its usual scale: a precision failure of one module.
-* ``mode="nan"``: one input value is NaN: a data failure that no precision fixes.
+* ``mode="data"``: one input value is NaN: a data failure that no precision fixes.
 """
 
 import torch
@@ -36,8 +36,8 @@ class Net(nn.Module):
 
 
 def make_task(seed: int = 0, shift_at: int = 30, mode: str = "overflow"):
-    if mode not in ("overflow", "nan"):
-        raise ValueError(f"mode is overflow or nan, got {mode!r}")
+    if mode not in ("overflow", "data"):
+        raise ValueError(f"mode is overflow or data, got {mode!r}")
     g = torch.Generator().manual_seed(99)  # the data does not depend on the seed
     x = torch.randn(256, 4, 8, generator=g)
     y = (x.sum((1, 2)) > 0).long()

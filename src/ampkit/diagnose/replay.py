@@ -380,8 +380,7 @@ def _locate(run: Run, start: int, target: int, result: ReplayResult) -> None:
     if result.fp32_finite:
         result.cause = "precision"
         result.suggestion = (f"keep `{result.module}` in FP32: `ampkit train --fp32-modules {result.module}` "
-                             f"(or --precision bf16 where the card has it; `ampkit diagnose --replay "
-                             f"{result.run_dir} --fix-check` trains a few steps past step {target} with it)")
+                             "(or --precision bf16 where the card has it)")
     else:
         result.cause = "model-or-data"
         result.suggestion = (f"step {target} is not finite in FP32 either: the model or the data (e.g. the batch "
