@@ -120,8 +120,23 @@ def test_replay_at_a_step_and_without_a_halt_record(overflow_run, tmp_path):
     (copy / "run.json").write_text(json.dumps(rec))
     r = replay_run(copy)
     assert (r.checkpoint_step, r.step, r.module, r.cause) == (30, 31, "mix", "precision")
-    with pytest.raises(UsageError, match="from before step 20"):
-        replay_run(out, step=20)
+
+
+def test_replay_without_a_checkpoint_starts_from_step_0(tmp_path):
+    # No --ckpt-every: the halt leaves no checkpoint, but the seed rebuilds step 0 exactly.
+    out = tmp_path / "bare"
+    rc, err = _cli("train", "--task", TASK, "--precision", "fp16", "--task-arg", "shift_at=5", "--steps", "100",
+                   "--out", str(out))[::2]
+    assert rc == 1 and "the replay starts from step 0" in err and not list(out.glob("checkpoints/step-*"))
+    r = replay_run(out)
+    assert (r.checkpoint, r.checkpoint_step, r.step, r.module, r.cause) == (None, 0, 6, "mix", "precision")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    rec = json.loads((resumed / "run.json").read_text())
+    rec["start_step"] = 3  # a resumed part: its start is a checkpoint, not the seed
+    (resumed / "run.json").write_text(json.dumps(rec))
+    with pytest.raises(UsageError, match="names no good checkpoint"):
+        replay_run(resumed)
 
 
 def test_replay_of_nan_data_is_not_precision(tmp_path):

@@ -41,8 +41,9 @@ def _render(r, out) -> None:
 
     from ampkit.diagnose.findings import TITLES
 
-    out.print(f"\n[bold]ampkit diagnose --replay[/] {escape(r.run_dir)}: {r.precision} from "
-              f"{escape(r.checkpoint)} (step {r.checkpoint_step})")
+    origin = escape(r.checkpoint) if r.checkpoint else "the run's start, rebuilt from its seed"
+    out.print(f"\n[bold]ampkit diagnose --replay[/] {escape(r.run_dir)}: {r.precision} from {origin} "
+              f"(step {r.checkpoint_step})")
     for note in r.notes:
         out.print(f"note: {escape(note)}")
     if r.step is None or (r.finding is None and r.cause == "not-reproduced"):

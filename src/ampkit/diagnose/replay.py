@@ -61,7 +61,7 @@ class ReplayResult:
     not), or ``"not-reproduced"`` (the replayed step was finite)."""
 
     run_dir: str
-    checkpoint: str
+    checkpoint: str | None  # None: the run's start, rebuilt from its seed
     checkpoint_step: int
     step: int | None  # the first bad step (1-based optimizer step), None when none was found
     precision: str
@@ -105,30 +105,35 @@ def _rebuild(record: dict[str, Any], device: str | None, *, extra_fp32: str | No
     return build_run(cfg, None, detect_device(device), task=None, precision=None)
 
 
-def _choose_checkpoint(ckpts: RunCheckpoints, record: dict[str, Any], step: int | None) -> tuple[int, Path, int | None]:
+def _choose_checkpoint(ckpts: RunCheckpoints, record: dict[str, Any],
+                       step: int | None) -> tuple[int, Path | None, int | None]:
     """``(checkpoint step, path, target step or None)``: the last good checkpoint and the halt's first bad
-    step; with ``step`` given, the newest checkpoint from before it."""
-    found = sorted(ckpts.candidates())
-    if not found:
-        raise UsageError(f"{ckpts.folder} holds no checkpoint to replay from: train with --ckpt-every K")
+    step; with ``step`` given, the newest checkpoint from before it. Without such a checkpoint, a run that
+    started at step 0 replays from its start (``path`` None): its seed rebuilds the initial state exactly."""
+    from_start = int(record.get("start_step") or 0) == 0
     if step is not None:
-        before = [sp for sp in found if sp[0] < step]
-        if not before:
-            raise UsageError(f"no checkpoint in {ckpts.folder} is from before step {step} (the oldest is step "
-                             f"{found[0][0]}): give a later STEP")
-        return before[-1][0], before[-1][1], step
-    halt = record.get("halt") or {}
+        before = [sp for sp in sorted(ckpts.candidates()) if sp[0] < step]
+        if before:
+            return before[-1][0], before[-1][1], step
+        if from_start:
+            return 0, None, step
+        raise UsageError(f"no checkpoint in {ckpts.folder} is from before step {step}, and the run resumed at step "
+                         f"{record.get('start_step')}: give a later STEP")
+    target = (record.get("halt") or {}).get("first_bad_step")
     good = ckpts.last_good()
-    target = halt.get("first_bad_step")
     if good is None:
-        raise UsageError(f"{ckpts.folder} names no good checkpoint (last-good.json): give the step to replay, "
-                         f"--replay RUN_DIR:STEP")
+        if not from_start:
+            raise UsageError(f"{ckpts.folder} names no good checkpoint (last-good.json) and the run resumed at step "
+                             f"{record.get('start_step')}: give the step to replay, --replay RUN_DIR:STEP")
+        good = (0, None)
     if target is not None and target <= good[0]:
         target = None
     return good[0], good[1], target
 
 
-def _load(run: Run, folder: Path, path: Path, sharded: bool) -> list[str]:
+def _load(run: Run, folder: Path, path: Path | None, sharded: bool) -> list[str]:
+    if path is None:
+        return ["no checkpoint from before the bad step: replayed from step 0, rebuilt from the run's seed"]
     ckpts = RunCheckpoints(folder, keep=10**9, sharded=sharded)
     try:
         _, notes = ckpts.restore(path, model=run.model, optimizer=run.optimizer, amp=run.amp, device=run.device,
@@ -336,7 +341,7 @@ def replay_run(run_dir: str | os.PathLike, *, step: int | None = None, fix_check
         if record.get("world_size", 1) > 1:
             notes.append(f"a {record['world_size']}-process {record.get('strategy') or 'ddp'} run replayed on one "
                          "process with each step's whole global batch")
-        result = ReplayResult(run_dir=str(out), checkpoint=str(ck_path), checkpoint_step=ck_step, step=None,
+        result = ReplayResult(run_dir=str(out), checkpoint=str(ck_path) if ck_path else None, checkpoint_step=ck_step, step=None,
                               precision=run.precision.name, cause="not-reproduced", notes=notes)
         if target is None:  # find the first skipped step, then replay it from the checkpoint again
             scan = _Replayer(run, ck_step, None)
@@ -387,7 +392,7 @@ def _locate(run: Run, start: int, target: int, result: ReplayResult) -> None:
                              "of that step, the learning rate) is the cause, and no precision change will help")
 
 
-def _fix_check(record: dict[str, Any], device: str | None, folder: Path, path: Path, sharded: bool, start: int,
+def _fix_check(record: dict[str, Any], device: str | None, folder: Path, path: Path | None, sharded: bool, start: int,
                target: int, module: str, steps: int) -> dict[str, Any]:
     run = _rebuild(record, device, extra_fp32=module)
     skipped: list[int] = []

@@ -152,8 +152,11 @@ def _halted(run: Run, record: dict[str, Any] | None, exc: TrainingHalted) -> Tra
     head = str(exc).split(". Find the cause", 1)[0]
     if good is not None:
         where = f"the last good checkpoint is {good[1]} (step {good[0]}, before the skips began)"
+    elif run.ckpts is not None and int(record.get("start_step") or 0) == 0:
+        where = ("no checkpoint is from before the skips began, so the replay starts from step 0, which the "
+                 "seed rebuilds (--ckpt-every K keeps a checkpoint to start from)")
     else:
-        where = "no checkpoint from before the skips began (use --ckpt-every K to keep one)"
+        where = "no checkpoint is from before the skips began (--ckpt-every K keeps one)"
     message = (f"{head}; {where}. Find the op with `ampkit diagnose --replay {run.out}`"
                + (" (and try --precision bf16 where the card has it, or a lower learning rate)"
                   if run.precision.use_scaler else " (or try a lower learning rate)"))
