@@ -164,3 +164,19 @@ def test_replay_usage_errors(tmp_path):
     assert rc == 2 and "has no run.json" in err and len(err.strip().splitlines()) == 1
     rc, _, err = _cli("diagnose", "--fix-check")
     assert rc == 2 and "--fix-check goes with --replay" in err
+
+
+@pytest.mark.slow
+def test_replay_of_a_ddp_run_on_one_process(tmp_path):
+    """Two gloo ranks on the CPU (real torchrun); the replay runs the whole global batch in one process."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ddp"
+    p = subprocess.run([sys.executable, "-m", "ampkit", "train", "--task", TASK, "--task-arg", "shift_at=10",
+                        "--precision", "fp16", "--ckpt-every", "5", "--keep", "2", "--steps", "100", "--out",
+                        str(out), "--nproc", "2", "--strategy", "ddp"], capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0 and "the last good checkpoint is" in p.stderr and "--replay" in p.stderr
+    r = replay_run(out)
+    assert (r.checkpoint_step, r.step, r.module, r.cause) == (10, 11, "mix", "precision")
+    assert any("2-process ddp run replayed on one process" in n for n in r.notes)

@@ -51,7 +51,8 @@ def _render(r, out) -> None:
         return
     f = r.finding
     if f is not None:
-        out.print(f"\n[bold red]{f.code}[/] — {escape(TITLES.get(f.code, ''))} · first bad step {r.step} ({r.phase})")
+        title = escape(TITLES.get(f.code, ""))
+        out.print(f"\n[bold red]{f.code}[/] — {title} · first bad step {r.step} ({r.phase})")
         out.print(f"   [bold]where:[/] {escape(f.where)}")
         if r.op_where:
             out.print(f"   [bold]op:[/]    `{escape(r.op or '?')}` at {escape(r.op_where)}")

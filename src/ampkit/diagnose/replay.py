@@ -295,7 +295,8 @@ def _rng(run: Run, state: dict[str, Any]):
         yield
 
 
-def _op_where(run: Run, model: torch.nn.Module, rng: dict[str, Any], step: int, user: UserCode) -> tuple[str | None, str | None]:
+def _op_where(run: Run, model: torch.nn.Module, rng: dict[str, Any], step: int,
+              user: UserCode) -> tuple[str | None, str | None]:
     """The first op of ``step``'s forward (in the run's precision) that turns finite inputs into inf/NaN, and
     the innermost line of the task's code that ran it."""
     model = copy.deepcopy(model)
@@ -341,7 +342,8 @@ def replay_run(run_dir: str | os.PathLike, *, step: int | None = None, fix_check
         if record.get("world_size", 1) > 1:
             notes.append(f"a {record['world_size']}-process {record.get('strategy') or 'ddp'} run replayed on one "
                          "process with each step's whole global batch")
-        result = ReplayResult(run_dir=str(out), checkpoint=str(ck_path) if ck_path else None, checkpoint_step=ck_step, step=None,
+        result = ReplayResult(run_dir=str(out), checkpoint=str(ck_path) if ck_path else None,
+                              checkpoint_step=ck_step, step=None,
                               precision=run.precision.name, cause="not-reproduced", notes=notes)
         if target is None:  # find the first skipped step, then replay it from the checkpoint again
             scan = _Replayer(run, ck_step, None)
