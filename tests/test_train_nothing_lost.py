@@ -93,3 +93,10 @@ def test_resume_continues_the_run_and_rewrites_its_record(a_run, tmp_path):
     assert _train(out, "--resume", "--steps", "6")[0] == 0
     rec = json.loads((out / "run.json").read_text())
     assert rec["start_step"] == 4 and rec["steps"] == 6
+
+
+def test_nproc_refuses_before_starting_torchrun(a_run):
+    before = _hashes(a_run)
+    rc, err = _train(a_run, "--nproc", "2")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "already holds a run" in err
+    assert _hashes(a_run) == before
