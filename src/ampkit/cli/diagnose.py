@@ -63,7 +63,7 @@ def run(args) -> int:
 
         return run_replay(args, _write_json, _console)
     if args.script is None:
-        raise UsageError("give SCRIPT (the training script), or --replay RUN_DIR for a run of `ampkit train`")
+        raise UsageError("SCRIPT is required (the training script), or --replay RUN_DIR for a run of `ampkit train`")
     if args.script.startswith("-"):
         raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit diagnose --help)")
     if args.fp16_range:
