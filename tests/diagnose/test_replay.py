@@ -180,3 +180,10 @@ def test_replay_of_a_ddp_run_on_one_process(tmp_path):
     r = replay_run(out)
     assert (r.checkpoint_step, r.step, r.module, r.cause) == (10, 11, "mix", "precision")
     assert any("2-process ddp run replayed on one process" in n for n in r.notes)
+
+
+def test_halt_without_out_points_to_out_and_replay():
+    rc, _, err = _cli("train", "--task", TASK, "--precision", "fp16", "--task-arg", "shift_at=0", "--steps", "100")
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and last.startswith("ampkit train: error: 50 optimizer steps in a row")
+    assert "Train with --out DIR" in last and "`ampkit diagnose --replay DIR`" in last and "SCRIPT" not in last

@@ -146,10 +146,11 @@ def _train(run: Run, progress: Progress | None, *, given_task: bool = False) -> 
 def _halted(run: Run, record: dict[str, Any] | None, exc: TrainingHalted) -> TrainingHalted:
     """The skip limit's halt, naming the last good checkpoint (kept by rotation: :mod:`ampkit.checkpoint.rotation`)
     and the replay that finds the op; the run record says the same for ``ampkit diagnose --replay``."""
-    if run.out is None or record is None:
-        return exc
-    good = run.ckpts.last_good() if run.ckpts is not None else None
     head = str(exc).split(". Find the cause", 1)[0]
+    if run.out is None or record is None:
+        return TrainingHalted(f"{head}. Train with --out DIR to keep a record and checkpoints that `ampkit diagnose "
+                              "--replay DIR` replays to find the op", step=exc.step, first_bad_step=exc.first_bad_step)
+    good = run.ckpts.last_good() if run.ckpts is not None else None
     if good is not None:
         where = f"the last good checkpoint is {good[1]} (step {good[0]}, before the skips began)"
     elif run.ckpts is not None and int(record.get("start_step") or 0) == 0:
