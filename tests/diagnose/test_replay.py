@@ -157,6 +157,11 @@ def test_replay_of_a_sharded_checkpoint_on_one_process(tmp_path):
     r = replay_run(out)
     assert r.checkpoint.endswith("step-00000010.dcp")
     assert (r.step, r.module, r.cause) == (11, "mix", "precision")
+    for shard in (out / "checkpoints" / "step-00000010.dcp").glob("*.distcp"):
+        shard.write_bytes(b"torn")  # where torch cannot read the shards, the replay says so in one line
+    rc, _, err = _cli("diagnose", "--replay", str(out))
+    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert "sharded (DCP) checkpoint" in err and "cannot be replayed on one process" in err
 
 
 def test_replay_usage_errors(tmp_path):

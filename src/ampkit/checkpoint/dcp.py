@@ -118,7 +118,7 @@ class RunCheckpoints:
         try:
             with _quiet_without_group():
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
-        except Exception as exc:  # noqa: BLE001 - dcp wraps OSErrors of any rank in its own type
+        except (Exception, _dcp_error()) as exc:  # noqa: BLE001 - dcp wraps OSErrors of any rank in its own type
             raise CheckpointError(f"cannot write checkpoint {final}: {first_line(exc, 200)}") from exc
         if self._main:
             # The engine's state first: it brings device-driven schedulers to their true position.
@@ -213,9 +213,16 @@ def _load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) ->
     try:
         with _quiet_without_group():
             dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # noqa: BLE001 - every rank reads the same files: all fail alike
+    except (Exception, _dcp_error()) as exc:  # noqa: BLE001 - every rank reads the same files: all fail alike
         raise CheckpointError(f"cannot read checkpoint {path}: {first_line(exc, 200)}") from exc
     set_state_dict(target, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _dcp_error() -> type[BaseException]:
+    """dcp's CheckpointException, which derives from BaseException: ``except Exception`` lets it through."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
 
 
 @contextmanager
