@@ -371,6 +371,9 @@ def _locate(run: Run, start: int, target: int, result: ReplayResult) -> None:
     finding = next(iter(rep.findings), None)
     model, rng = rep.before
     result.fp32_finite = _fp32_finite(run, model, rng, target)
+    if run.precision.name == "fp8":
+        result.notes.append("an FP8 run: its FP32 replay still runs torchao's Float8Linear layers (autocast off "
+                            "only), so FP32 finite/not finite covers the rest of the model")
     if finding is None:
         skipped = bool(run.amp.last_skipped)
         result.notes.append(f"step {target} was {'skipped' if skipped else 'finite'} in the replay and the locator "
