@@ -59,7 +59,7 @@ def test_bench_fp8_rows_beside_bf16(monkeypatch):
     assert rows[("fp8", "plain")]["loss_last"] != rows[("bf16", "plain")]["loss_last"]
     assert rows[("fp8", "plain")]["loss_last"] == pytest.approx(rows[("fp8", "ampkit")]["loss_last"], rel=1e-3)
     assert r["settings"]["fp8_recipe"] == "tensorwise"
-    assert any(n.startswith("fp8 rows: FP8 tensorwise:") for n in r["notes"]), r["notes"]
+    assert any(n.startswith("fp8 eager rows: FP8 tensorwise:") for n in r["notes"]), r["notes"]
 
 
 def test_explicit_peers_are_left_out_of_fp8_rows(monkeypatch):
@@ -70,5 +70,5 @@ def test_explicit_peers_are_left_out_of_fp8_rows(monkeypatch):
 
 
 def test_bad_recipe_is_one_line():
-    with pytest.raises(UsageError, match="--fp8-recipe must be tensorwise or rowwise"):
+    with pytest.raises(UsageError, match="--fp8-recipe must be one of tensorwise, rowwise, rowwise_with_gw_hp"):
         BenchConfig(fp8_recipe="delayed").validate()

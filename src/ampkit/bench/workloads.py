@@ -136,15 +136,16 @@ def _from_task(task: Any, name: str) -> Workload:
                     samples_per_step=task.samples_per_batch, lr=task.lr, weight_decay=task.weight_decay)
 
 
-def fp8_copy(wl: Workload, recipe: str) -> tuple[Workload, str]:
+def fp8_copy(wl: Workload, recipe: str, chosen: Any = None) -> tuple[Workload, str]:
     """The workload with a copy of its model whose chosen ``nn.Linear`` layers are torchao's ``Float8Linear``
     (:func:`ampkit.engine.fp8.convert`): the same initial weights (the state dict keys do not change) and batches, so
-    the FP8 rows time the same training as the others; ``wl`` itself is left as it was. Returns the copy and
-    the conversion's one-line summary."""
+    the FP8 rows time the same training as the others; ``wl`` itself is left as it was. ``chosen``: the FP8 plan
+    (an :class:`~ampkit.engine.fp8.FP8Report` made for ``wl.model``) to convert; None: the shape filter's.
+    Returns the copy and the conversion's one-line summary."""
     from ampkit.engine.fp8 import convert
 
     model = copy.deepcopy(wl.model)
-    report = convert(model, recipe=recipe)
+    report = convert(model, recipe=recipe, chosen=chosen)
     out = dataclasses.replace(wl, model=model)
     out.reset()
     return out, report.summary()

@@ -39,7 +39,7 @@ def register(sub, formatter_class):
     p.add_argument("--precision", nargs="+", default=None, metavar="P",
                    help=f"one or more of {' | '.join(BENCH_PRECISIONS)} (tf32: fp32 with TF32 matmuls; fp8: torchao's "
                         "Float8Linear under BF16 autocast, asked for by name); default: every one the device has but fp8")
-    add_fp8_recipe_arg(p, "the fp8 rows")
+    add_fp8_recipe_arg(p, "the fp8 rows", several=True)
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd model + loss")
     p.add_argument("--no-eager", action="store_true", help="with --compile: compiled configurations only")
     p.add_argument("--compile-mode", default=None, metavar="MODE",
@@ -73,7 +73,7 @@ def run(args) -> int:
         model=args.model, task_options=parse_task_args(args.task_arg), precisions=_split(args.precision),
         eager=not args.no_eager, compile=args.compile, compile_mode=args.compile_mode, graph=args.graph,
         runners=_split([args.runners] if args.runners else None), steps=args.steps, warmup=args.warmup,
-        rounds=args.rounds, fp8_recipe=args.fp8_recipe,
+        rounds=args.rounds, fp8_recipe=tuple(args.fp8_recipe), fp8_layers=args.fp8_layers,
         device=args.device, seed=args.seed, command="ampkit bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1 and sys.argv[1] == "bench" else None,
     )
