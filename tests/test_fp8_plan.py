@@ -25,7 +25,7 @@ from ampkit.engine.fp8_cost import CostModel, Timing, cache_key, cache_path, loa
 from ampkit.engine.fp8_probe import PROBE_SHAPES, cost_model, device_key
 from ampkit.errors import PrecisionUnsupported, UsageError
 
-M = 8192  # tokens a step in the plans below
+M = 65536  # tokens a step in the plans below
 
 
 def _model(slow: float, fast: float, key: dict | None = None, **prov) -> CostModel:
@@ -43,12 +43,12 @@ class GPT(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.tok = nn.Embedding(512, 768)
-        self.small_qkv = nn.Linear(768, 768)  # M*K*N = 8192*768*768 = 2^32.2: slower in FP8 below
-        self.big_up = nn.Linear(4096, 16384)  # 2^39: faster in FP8
-        self.big_down = nn.Linear(16384, 4096)
-        self.odd = nn.Linear(4096, 4100)  # not a multiple of 16
-        self.lm_head = nn.Linear(4096, 32768)  # the biggest GEMM of all, but the head stays in BF16
+        self.tok = nn.Embedding(512, 256)
+        self.small_qkv = nn.Linear(256, 256)  # M*K*N = 2^16 * 2^8 * 2^8 = 2^32: slower in FP8 below
+        self.big_up = nn.Linear(1024, 4096)  # 2^38: faster in FP8
+        self.big_down = nn.Linear(4096, 1024)
+        self.odd = nn.Linear(1024, 1028)  # not a multiple of 16
+        self.lm_head = nn.Linear(1024, 8192)  # the biggest GEMM of all, but the head stays in BF16
 
 
 # ------------------------------------------------------------------------------ the model's fit
@@ -80,14 +80,14 @@ def test_plan_converts_the_layers_that_pay_and_says_why_it_keeps_each_other():
     kept = dict(report.kept)
     assert kept["lm_head"] == "output head"  # excluded before any cost: the logits' precision
     assert "not divisible by 16" in kept["odd"]
-    assert kept["small_qkv"].startswith("slower in FP8 compiled: predicted 0.") and "M=8192 K=768 N=768" in kept["small_qkv"]
+    assert kept["small_qkv"].startswith("slower in FP8 compiled: predicted 0.") and "M=65536 K=256 N=256" in kept["small_qkv"]
     assert "tok" not in kept  # an embedding is no nn.Linear: never considered
     names = [p[0] for p in report.predicted]
     assert names == ["small_qkv", "big_up", "big_down"]  # the judged layers: not the head, not the odd one
     bf16, planned = report.predicted_ms()
     assert planned < bf16 and report.speedup == pytest.approx(bf16 / planned)
     line = report.summary()
-    assert f"predicted {report.speedup:.2f}x on the linear layers at 8192 tokens a step" in line
+    assert f"predicted {report.speedup:.2f}x on the linear layers at 65536 tokens a step" in line
     assert "cost model: recorded on Test card (torch 2.0, torchao 0.1, compiled), 2026-12-02" in line
     d = report.to_dict()
     assert d["tokens"] == M and d["mode"] == "compiled" and d["predicted"][0]["name"] == "small_qkv"
@@ -96,10 +96,10 @@ def test_plan_converts_the_layers_that_pay_and_says_why_it_keeps_each_other():
 def test_more_tokens_make_a_layer_pay_and_the_filter_still_applies():
     cost = _model(1.4, 0.7)
     assert "small_qkv" not in plan(GPT(), tokens=M, cost=cost).converted
-    assert "small_qkv" in plan(GPT(), tokens=2**22, cost=cost).converted  # 2^42 work: the large-GEMM ratio
-    assert plan(GPT(), FP8Filter(keep=("big_*",)), tokens=2**22, cost=cost).converted == ("small_qkv",)
+    assert "small_qkv" in plan(GPT(), tokens=2**24, cost=cost).converted  # 2^40 work: the large-GEMM ratio
+    assert plan(GPT(), FP8Filter(keep=("big_*",)), tokens=2**24, cost=cost).converted == ("small_qkv",)
     assert "lm_head" in plan(GPT(), FP8Filter(keep_head=False), tokens=M, cost=cost).converted
-    assert plan(GPT(), FP8Filter(min_features=8192), tokens=2**22, cost=cost).converted == ()  # an explicit floor
+    assert plan(GPT(), FP8Filter(min_features=4096), tokens=2**24, cost=cost).converted == ()  # an explicit floor
     no_cost = plan(GPT())  # without a cost model: the 256 floor, nothing predicted
     assert no_cost.converted == ("small_qkv", "big_up", "big_down") and no_cost.speedup is None
     with pytest.raises(UsageError, match="needs tokens"):
@@ -163,7 +163,7 @@ def test_explicit_fp8_that_no_layer_pays_for_is_refused_in_one_line_with_the_fix
         choose_fp8(GPT(), _fp8_precision(), auto=False, recipe="tensorwise", tokens=M, mode="eager", lookup=_lookup(slow))
     msg = str(err.value)
     assert msg.startswith("FP8 would make this run slower: no linear layer of GPT is predicted faster in FP8 eager "
-                          "at 8192 tokens a step (best: big_up 0.")
+                          "at 65536 tokens a step (best: big_up 0.")
     assert "compile the model (ampkit bench --compile), use --precision bf16, or --fp8-layers eligible" in msg
     assert "\n" not in msg
     compiled = dataclasses.replace(slow, key={**slow.key, "mode": "compiled"})
@@ -203,7 +203,7 @@ def test_auto_picks_fp8_only_on_an_fp8_card_when_the_plan_predicts_enough(simula
     chosen = choose_fp8(GPT(), bf16, lookup=_lookup(_model(1.4, 0.5)), **kw)
     assert chosen.precision.name == "fp8" and chosen.report.converted == ("big_up", "big_down")
     assert chosen.precision.reason.startswith("auto: FP8 tensorwise: 2 of 5") and "--precision bf16 to keep" in chosen.precision.reason
-    small_gain = choose_fp8(GPT(), bf16, lookup=_lookup(_model(1.4, 0.95)), **kw)  # pays, but below 1.10x
+    small_gain = choose_fp8(GPT(), bf16, lookup=_lookup(_model(1.0, 0.92)), **kw)  # pays, but below 1.10x
     assert small_gain.precision is bf16 and small_gain.report is None
     assert small_gain.note.startswith("auto: BF16; FP8 tensorwise compiled is predicted 1.0")
     assert f"auto takes FP8 from {AUTO_MIN_SPEEDUP:.2f}x" in small_gain.note
