@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   ampkit bench --model gpt2-small --precision bf16 fp16 --compile
   ampkit bench --model lesson --precision fp16 --graph     # whole-step graph vs the lesson's loop
   ampkit bench --model gpt2-small --precision bf16 fp8 --graph --compile   # FP8 (torchao) beside BF16
+  ampkit bench --model llama-1b --precision bf16 fp8 --compile --fp8-recipe tensorwise rowwise  # FP8 at scale
   ampkit bench --model charlm --task-arg d_model=256 --steps 10
   ampkit bench --model mytask.py:make_task --json > bench.json
 
@@ -32,7 +33,8 @@ def register(sub, formatter_class):
                                    "compiled, on the present device. Results are figures for this run only.",
                        epilog=EXAMPLES, formatter_class=formatter_class)
     p.add_argument("--model", default=None, metavar="M",
-                   help="gpt2-small | charlm | digits | lesson | FILE.py:factory (default: gpt2-small on a GPU, "
+                   help="gpt2-small | llama-1b | charlm | digits | lesson | resnet50 | hf-gpt2 | FILE.py:factory (default: "
+                        "gpt2-small on a GPU, "
                         "digits on the CPU)")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the task factory, repeatable (e.g. d_model=256)")
