@@ -59,6 +59,9 @@ def test_bench_fp8_rows_beside_bf16(monkeypatch):
     assert rows[("fp8", "plain")]["loss_last"] != rows[("bf16", "plain")]["loss_last"]
     assert rows[("fp8", "plain")]["loss_last"] == pytest.approx(rows[("fp8", "ampkit")]["loss_last"], rel=1e-3)
     assert r["settings"]["fp8_recipe"] == "tensorwise"
+    bar = next(b for b in r["bars"] if b["name"] == "fp8 (plan) vs BF16 eager")  # ampkit's rows, BF16 over FP8
+    assert bar["bar"] == ">= 1.0x" and bar["pass"] == (bar["value"] >= 1.0)
+    assert bar["value"] == pytest.approx(rows[("bf16", "ampkit")]["ms_per_step"] / rows[("fp8", "ampkit")]["ms_per_step"])
     assert any(n.startswith("fp8 eager rows: FP8 tensorwise:") for n in r["notes"]), r["notes"]
 
 
