@@ -72,7 +72,8 @@ def _torchao(log) -> None:
         return
     wheels = glob.glob(".whl/torchao-*.whl")
     if wheels:
-        done = subprocess.run([PY, "-m", "pip", "install", "--no-deps", "-q", wheels[0]], capture_output=True, text=True)
+        done = subprocess.run([PY, "-m", "pip", "install", "--no-deps", "-q", wheels[0]], capture_output=True,
+                              text=True)
         log(f"torchao installed from {wheels[0]}: exit {done.returncode}")
     else:
         log("torchao is not importable and no .whl/torchao-*.whl was carried: the FP8 parts will be refused")
@@ -90,7 +91,8 @@ def probe() -> dict:
     d, f = GPT2_SMALL["d_model"], 4 * GPT2_SMALL["d_model"]
     gpt2 = {"tokens": GPT2_SMALL["batch_size"] * GPT2_SMALL["seq_len"],
             "layers": {"qkv": (d, 3 * d), "proj": (d, d), "fc": (d, f), "fc2": (f, d)}}
-    ld, lf, kv = LLAMA_1B["d_model"], LLAMA_1B["ffn"], LLAMA_1B["d_model"] // LLAMA_1B["n_heads"] * LLAMA_1B["n_kv_heads"]
+    ld, lf = LLAMA_1B["d_model"], LLAMA_1B["ffn"]
+    kv = ld // LLAMA_1B["n_heads"] * LLAMA_1B["n_kv_heads"]
     llama = {"tokens": LLAMA_1B["batch_size"] * LLAMA_1B["seq_len"],
              "layers": {"q/o": (ld, ld), "k/v": (ld, kv), "gate/up": (ld, lf), "down": (lf, ld)}}
     out: dict = {"device": device.name, "capability": device.capability, "models": []}

@@ -80,7 +80,8 @@ def test_plan_converts_the_layers_that_pay_and_says_why_it_keeps_each_other():
     kept = dict(report.kept)
     assert kept["lm_head"] == "output head"  # excluded before any cost: the logits' precision
     assert "not divisible by 16" in kept["odd"]
-    assert kept["small_qkv"].startswith("slower in FP8 compiled: predicted 0.") and "M=65536 K=256 N=256" in kept["small_qkv"]
+    assert kept["small_qkv"].startswith("slower in FP8 compiled: predicted 0.")
+    assert "M=65536 K=256 N=256" in kept["small_qkv"]
     assert "tok" not in kept  # an embedding is no nn.Linear: never considered
     names = [p[0] for p in report.predicted]
     assert names == ["small_qkv", "big_up", "big_down"]  # the judged layers: not the head, not the odd one
@@ -160,7 +161,8 @@ def _lookup(cost):
 def test_explicit_fp8_that_no_layer_pays_for_is_refused_in_one_line_with_the_fix():
     slow = _model(2.0, 1.5, {"mode": "eager", "card": "Test card", "torch": "2.0", "torchao": "0.1"})
     with pytest.raises(PrecisionUnsupported) as err:
-        choose_fp8(GPT(), _fp8_precision(), auto=False, recipe="tensorwise", tokens=M, mode="eager", lookup=_lookup(slow))
+        choose_fp8(GPT(), _fp8_precision(), auto=False, recipe="tensorwise", tokens=M, mode="eager",
+                   lookup=_lookup(slow))
     msg = str(err.value)
     assert msg.startswith("FP8 would make this run slower: no linear layer of GPT is predicted faster in FP8 eager "
                           "at 65536 tokens a step (best: big_up 0.")
@@ -182,7 +184,8 @@ def test_explicit_fp8_converts_what_pays_eligible_skips_the_check_and_no_model_f
     assert eligible.report.converted == ("small_qkv", "big_up", "big_down")
     assert eligible.note.endswith("(--fp8-layers eligible: speed not checked)")
     shapes = choose_fp8(GPT(), prec, lookup=_lookup(None), **kw)
-    assert shapes.report.converted == eligible.report.converted and shapes.note.endswith("layers chosen by shape: no model here")
+    assert shapes.report.converted == eligible.report.converted
+    assert shapes.note.endswith("layers chosen by shape: no model here")
     with pytest.raises(UsageError, match="--fp8-layers must be one of paying, eligible"):
         choose_fp8(GPT(), prec, layers="all", **kw)
 
@@ -202,7 +205,8 @@ def test_auto_picks_fp8_only_on_an_fp8_card_when_the_plan_predicts_enough(simula
     assert bf16.name == "bf16"
     chosen = choose_fp8(GPT(), bf16, lookup=_lookup(_model(1.4, 0.5)), **kw)
     assert chosen.precision.name == "fp8" and chosen.report.converted == ("big_up", "big_down")
-    assert chosen.precision.reason.startswith("auto: FP8 tensorwise: 2 of 5") and "--precision bf16 to keep" in chosen.precision.reason
+    reason = chosen.precision.reason
+    assert reason.startswith("auto: FP8 tensorwise: 2 of 5") and "--precision bf16 to keep" in reason
     small_gain = choose_fp8(GPT(), bf16, lookup=_lookup(_model(1.0, 0.92)), **kw)  # pays, but below 1.10x
     assert small_gain.precision is bf16 and small_gain.report is None
     assert small_gain.note.startswith("auto: BF16; FP8 tensorwise compiled is predicted 1.0")
@@ -243,11 +247,12 @@ def test_train_uses_the_cached_cost_model_of_this_card_and_refuses_fp8_that_cann
 
 def test_bench_refuses_the_fp8_rows_of_a_mode_where_nothing_pays(tmp_path, monkeypatch):
     pytest.importorskip("torchao")
-    import ampkit.bench.core as core
+    from ampkit.bench import core
     from ampkit.bench import BenchConfig, run_bench
 
     real = core._resolve
-    monkeypatch.setattr(core, "_resolve", lambda label, device: _fp8_precision() if label == "fp8" else real(label, device))
+    monkeypatch.setattr(core, "_resolve",
+                        lambda label, device: _fp8_precision() if label == "fp8" else real(label, device))
     monkeypatch.setenv("AMPKIT_FP8_COST_CACHE", str(tmp_path / "cost.json"))
     save_cached(_model(3.0, 2.0, device_key(detect_device("cpu"), "rowwise", "eager")))
     r = run_bench(BenchConfig(model="digits", task_options={"size": "small", "hidden": 256, "channels": 16},

@@ -61,7 +61,8 @@ def test_bench_fp8_rows_beside_bf16(monkeypatch):
     assert r["settings"]["fp8_recipe"] == "tensorwise"
     bar = next(b for b in r["bars"] if b["name"] == "fp8 (plan) vs BF16 eager")  # ampkit's rows, BF16 over FP8
     assert bar["bar"] == ">= 1.0x" and bar["pass"] == (bar["value"] >= 1.0)
-    assert bar["value"] == pytest.approx(rows[("bf16", "ampkit")]["ms_per_step"] / rows[("fp8", "ampkit")]["ms_per_step"])
+    ms = {prec: rows[(prec, "ampkit")]["ms_per_step"] for prec in ("bf16", "fp8")}
+    assert bar["value"] == pytest.approx(ms["bf16"] / ms["fp8"])
     assert any(n.startswith("fp8 eager rows: FP8 tensorwise:") for n in r["notes"]), r["notes"]
 
 

@@ -113,12 +113,13 @@ def build_llama(options: dict[str, Any], g: torch.Generator) -> dict[str, Any]:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
 
     n = sum(p.numel() for p in model.parameters())
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
     matmul = n - model.embed.weight.numel()  # the embedding is a lookup
     # 6 per weight and token (forward + backward), plus causal attention's 6 * layers * d * T per token.
     flops = (6 * matmul + 6 * o["n_layers"] * o["d_model"] * t) * b * t
     return {"model": model, "loss": loss, "batches": batches, "flops_per_step": float(flops),
             "tokens_per_step": b * t, "samples_per_step": b, "lr": o["lr"], "weight_decay": o["weight_decay"],
             "make_optimizer": None, "optimizer_name": "AdamW (fused where the device has it)",
-            "description": (f"Llama-style decoder ({f'{n / 1e9:.2f}B' if n >= 1e9 else f'{n / 1e6:.1f}M'}: d={o['d_model']}, {o['n_layers']} layers, "
+            "description": (f"Llama-style decoder ({size}: d={o['d_model']}, {o['n_layers']} layers, "
                             f"{o['n_heads']}/{o['n_kv_heads']} heads, SwiGLU {o['ffn']}, vocab {o['vocab_size']}), "
                             f"{b} x {t} random tokens")}

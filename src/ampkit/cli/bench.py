@@ -33,8 +33,8 @@ def register(sub, formatter_class):
                                    "compiled, on the present device. Results are figures for this run only.",
                        epilog=EXAMPLES, formatter_class=formatter_class)
     p.add_argument("--model", default=None, metavar="M",
-                   help="gpt2-small | llama-1b | charlm | digits | lesson | resnet50 | hf-gpt2 | FILE.py:factory (default: "
-                        "gpt2-small on a GPU, "
+                   help="gpt2-small | llama-1b | charlm | digits | lesson | resnet50 | hf-gpt2 | FILE.py:factory "
+                        "(default: gpt2-small on a GPU, "
                         "digits on the CPU)")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the task factory, repeatable (e.g. d_model=256)")

@@ -37,7 +37,8 @@ def add_fp8_recipe_arg(p: argparse.ArgumentParser, what: str, *, several: bool =
     p.add_argument("--fp8-recipe", default=[FP8_RECIPES[0]] if several else FP8_RECIPES[0], choices=FP8_RECIPES,
                    **extra,
                    help=f"{what}: torchao's scaling recipe ({FP8_RECIPES[0]} is fastest on Hopper, "
-                        f"{FP8_RECIPES[2]} the most accurate)" + ("; several: one set of fp8 rows each" if several else ""))
+                        f"{FP8_RECIPES[2]} the most accurate)"
+                        + ("; several: one set of fp8 rows each" if several else ""))
     p.add_argument("--fp8-layers", default=FP8_LAYERS[0], choices=FP8_LAYERS,
                    help="paying (default): only the linear layers FP8 is predicted to make faster, by a cost model "
                         "measured on this card (a probe at first use, cached); eligible: every layer the shape "

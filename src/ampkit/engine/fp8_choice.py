@@ -105,7 +105,8 @@ def _auto(model: nn.Module, bf16: Precision, *, recipe: str, tokens: int, mode: 
     speedup = report.speedup or 1.0
     if not report.converted or speedup < AUTO_MIN_SPEEDUP:
         return FP8Choice(bf16, None, f"auto: BF16; FP8 {recipe} {mode} is predicted {speedup:.2f}x on the linear "
-                                     f"layers (auto takes FP8 from {AUTO_MIN_SPEEDUP:.2f}x; cost model: {cost.source()})")
+                                     f"layers (auto takes FP8 from {AUTO_MIN_SPEEDUP:.2f}x; "
+                                     f"cost model: {cost.source()})")
     reason = (f"auto: {report.summary()}: BF16 autocast with torchao FP8 linear layers where they pay "
               f"(from {AUTO_MIN_SPEEDUP:.2f}x; --precision bf16 to keep BF16)")
     return FP8Choice(dataclasses.replace(fp8, reason=reason), report, report.summary())

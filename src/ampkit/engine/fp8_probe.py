@@ -70,7 +70,7 @@ def probe_timings(device: Device, recipe: str, mode: str, shapes: tuple[tuple[in
         for layer in (bf16, fp8):
             run = torch.compile(layer, dynamic=False) if mode == "compiled" else layer
 
-            def step(run: Any = run) -> None:
+            def step(run: Any = run, x: torch.Tensor = x, dy: torch.Tensor = dy) -> None:
                 with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
                     y = run(x)
                 y.backward(dy)

@@ -72,7 +72,8 @@ class TrainConfig:
     stop_check_every: int = 10
     graph: bool | None = None
     fp8_recipe: str = "tensorwise"  # with precision "fp8": torchao's "tensorwise", "rowwise" or "rowwise_with_gw_hp"
-    fp8_layers: str = "paying"  # "paying": the layers the FP8 cost model predicts faster; "eligible": all the filter allows
+    # with precision "fp8": "paying", the layers the FP8 cost model predicts faster; "eligible", all the filter allows
+    fp8_layers: str = "paying"
 
     def validate(self) -> None:
         if self.fp8_recipe not in FP8_RECIPES:
