@@ -193,7 +193,11 @@ def test_explicit_fp8_converts_what_pays_eligible_skips_the_check_and_no_model_f
 def test_auto_picks_fp8_only_on_an_fp8_card_when_the_plan_predicts_enough(simulated_cuda, monkeypatch):
     kw = dict(auto=True, recipe="tensorwise", tokens=M, mode="compiled")
     cpu_bf16 = resolve_precision("bf16", "cpu")
-    kept = choose_fp8(GPT(), cpu_bf16, lookup=_lookup(_model(1.4, 0.5)), **kw)
+    import ampkit.device.policy as policy
+
+    with monkeypatch.context() as m:  # the card table says no FP8: decided without probing the card again
+        m.setattr(policy, "capabilities", lambda *a, **k: pytest.fail("probed a card the table rules out"))
+        kept = choose_fp8(GPT(), cpu_bf16, lookup=_lookup(_model(1.4, 0.5)), **kw)
     assert kept.precision is cpu_bf16 and kept.report is None and kept.note is None  # no FP8 on the CPU at all
     simulated_cuda((9, 0), "NVIDIA H200")
     import ampkit.compat as compat

@@ -24,7 +24,9 @@ from typing import Callable
 
 from torch import nn
 
+from ampkit import compat
 from ampkit.choices import FP8_LAYERS
+from ampkit.device.hardware import card_facts
 from ampkit.device.policy import Precision, resolve_precision
 from ampkit.engine.fp8 import FP8Filter, FP8Report, plan
 from ampkit.engine.fp8_cost import CostModel
@@ -94,6 +96,8 @@ def _auto(model: nn.Module, bf16: Precision, *, recipe: str, tokens: int, mode: 
           lookup: CostLookup) -> FP8Choice:
     if bf16.name != "bf16":
         return FP8Choice(bf16, None, None)  # auto found no BF16 here: FP8 (BF16 autocast) cannot be either
+    if card_facts(bf16.device).fp8 is False or compat.torchao_missing():
+        return FP8Choice(bf16, None, None)  # the card table says no FP8, or no torchao: no probe paid for
     try:
         fp8 = resolve_precision("fp8", bf16.device, tf32=bf16.tf32)
     except PrecisionUnsupported:
