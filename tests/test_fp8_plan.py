@@ -294,3 +294,19 @@ def test_gpu_probe_measures_caches_and_is_reused(tmp_path, monkeypatch):
     assert all(math.isfinite(cost.ratio(*s)) for s in PROBE_SHAPES)
     again, how = cost_model(device, "tensorwise", "eager")
     assert again == cost and how.startswith("cached in ")
+
+
+def test_the_compiled_probe_lifts_dynamos_recompile_limit_only_inside():
+    # Past the limit Dynamo runs a frame eagerly without a word: six shapes compiled twice would time eager FP8.
+    import torch._dynamo
+
+    from ampkit.compat import recompile_limit
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    before = getattr(cfg, name)
+    with recompile_limit(before + 12):
+        assert getattr(cfg, name) == before + 12
+    assert getattr(cfg, name) == before
+    with recompile_limit(1):  # never lowered
+        assert getattr(cfg, name) == before

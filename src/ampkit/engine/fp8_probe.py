@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.compat import require_torchao, torchao_missing
+from ampkit.compat import recompile_limit, require_torchao, torchao_missing
 from ampkit.device import Device
 from ampkit.device.provenance import git_commit
 from ampkit.device.timer import Timer
@@ -57,6 +57,12 @@ def probe_timings(device: Device, recipe: str, mode: str, shapes: tuple[tuple[in
                   *, warmup: int = 3, iters: int = 10) -> list[Timing]:
     """BF16 and FP8 milliseconds of one linear layer's forward + backward at each shape (needs the card)."""
     float8 = require_torchao()
+    with recompile_limit(8 + 2 * len(shapes)):  # one compile per shape and layer kind: never an eager fallback
+        return _probe(float8, device, recipe, mode, shapes, warmup=warmup, iters=iters)
+
+
+def _probe(float8: Any, device: Device, recipe: str, mode: str, shapes: tuple[tuple[int, int, int], ...], *,
+           warmup: int, iters: int) -> list[Timing]:
     dev = device.torch_device
     out = []
     for m, k, n in shapes:
