@@ -26,33 +26,34 @@ import time
 PY = sys.executable
 LLAMA = ["--model", "llama-1b", "--precision", "bf16", "fp8", "--runners", "ampkit", "--steps", "8", "--warmup", "3"]
 CHARLM_BIG = ["--task", "charlm", "--task-arg", "d_model=2048", "--task-arg", "n_layers=2", "--task-arg", "n_heads=16",
-              "--task-arg", "seq_len=512", "--task-arg", "batch_size=16"]
+              "--task-arg", "seq_len=512", "--task-arg", "batch_size=32"]
 # part: (what it records, limit in seconds, the ampkit command lines it runs: (suffix, argv))
 PARTS = {
-    "probe": ("the FP8 cost model per recipe, eager and compiled, and its predictions for GPT-2-small and "
-              "llama-1b (about 4 min)", 560, [("", ["probe"])]),
+    "probe": ("the FP8 cost model, eager and compiled, of each recipe in $PROBE_RECIPES (default tensorwise), "
+              "and its predictions for GPT-2-small and llama-1b (estimated 1-2 min per recipe)", 560,
+              [("", ["probe"])]),
     "gpt2": ("bench gpt2-small BF16 vs FP8 tensorwise with the plan, eager and compiled, plain/ampkit, 3 rounds "
-             "(about 6 min)", 570,
+             "(estimated 6 min)", 570,
              [("", ["bench", "--model", "gpt2-small", "--precision", "bf16", "fp8", "--compile",
                     "--runners", "plain,ampkit", "--rounds", "3"])]),
     "gpt2-eligible": ("bench gpt2-small compiled, FP8 on every eligible layer (what the plan avoids), "
-                      "tensorwise and rowwise (about 6 min)", 570,
+                      "tensorwise and rowwise (estimated 6 min)", 570,
                       [("", ["bench", "--model", "gpt2-small", "--precision", "bf16", "fp8", "--compile", "--no-eager",
                              "--fp8-layers", "eligible", "--fp8-recipe", "tensorwise", "rowwise",
                              "--runners", "ampkit", "--rounds", "3"])]),
     "llama-eager": ("bench llama-1b (1.1B, 8 x 2048 tokens) eager: BF16 vs FP8 with the plan, then every eligible "
-                    "layer in FP8, 3 rounds (about 5 min)", 570,
+                    "layer in FP8, 3 rounds (estimated 5 min)", 570,
                     [("plan", ["bench", *LLAMA, "--rounds", "3"]),
                      ("eligible", ["bench", *LLAMA, "--rounds", "2", "--fp8-layers", "eligible"])]),
     "llama-compiled": ("bench llama-1b compiled: BF16 vs FP8 tensorwise with the plan, 2 rounds (compiles two "
-                       "1.1B models: about 8 min)", 590,
+                       "1.1B models: estimated 8 min)", 590,
                        [("", ["bench", *LLAMA, "--compile", "--no-eager", "--rounds", "2"])]),
     "llama-rowwise": ("bench llama-1b compiled: FP8 rowwise and rowwise_with_gw_hp with the plan beside BF16 "
-                      "(about 9 min)", 595,
+                      "(estimated 9 min)", 595,
                       [("", ["bench", *LLAMA, "--compile", "--no-eager", "--rounds", "1",
                              "--fp8-recipe", "rowwise", "rowwise_with_gw_hp"])]),
-    "compare": ("compare --precision fp8 on charlm d2048 (16 x 512 tokens a step), 2 seeds of 150 steps, against "
-                "FP32 (about 5 min)", 570,
+    "compare": ("compare --precision fp8 on charlm d2048 (32 x 512 tokens a step), 2 seeds of 150 steps, against "
+                "FP32 (estimated 4 min)", 570,
                 [("", ["compare", *CHARLM_BIG, "--precision", "fp8", "--seeds", "2", "--steps", "150",
                        "--no-audit"])]),
 }
@@ -96,7 +97,8 @@ def probe() -> dict:
     llama = {"tokens": LLAMA_1B["batch_size"] * LLAMA_1B["seq_len"],
              "layers": {"q/o": (ld, ld), "k/v": (ld, kv), "gate/up": (ld, lf), "down": (lf, ld)}}
     out: dict = {"device": device.name, "capability": device.capability, "models": []}
-    for recipe in FP8_RECIPES:
+    recipes = [r for r in os.environ.get("PROBE_RECIPES", FP8_RECIPES[0]).replace(",", " ").split() if r]
+    for recipe in recipes:
         for mode in ("eager", "compiled"):
             t0 = time.perf_counter()
             cost, how = cost_model(device, recipe, mode)
