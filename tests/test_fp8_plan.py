@@ -249,6 +249,25 @@ def test_train_uses_the_cached_cost_model_of_this_card_and_refuses_fp8_that_cann
         ampkit.TrainConfig(fp8_layers="some").validate()
 
 
+def test_several_processes_choose_by_shape_alike_without_the_cost_model(tmp_path, monkeypatch):
+    # Each rank would probe (or race on the cache) and could decide apart; the plan must be the same everywhere.
+    from ampkit.distributed.group import DistContext
+    from ampkit.training.setup import _fp8
+
+    monkeypatch.setenv("AMPKIT_FP8_COST_CACHE", str(tmp_path / "cost.json"))
+    save_cached(_model(3.0, 2.0, device_key(detect_device("cpu"), "tensorwise", "eager")))  # would refuse
+    config = ampkit.TrainConfig(task="fp8-mlp", precision="fp8")
+    ctx = DistContext(rank=1, world_size=2, device=detect_device("cpu"), backend="gloo")
+    notes: list[str] = []
+    task = _task()
+    pytest.importorskip("torchao")
+    prec = _fp8(config, ctx, task, task.model, _fp8_precision(), auto=False, notes=notes)
+    assert prec.name == "fp8" and type(task.model[0]).__name__ == "Float8Linear"
+    assert notes[0].endswith("layers chosen by shape: 2 processes decide alike without the cost model")
+    bf16 = resolve_precision("bf16", "cpu")
+    assert _fp8(config, ctx, _task(), _task().model, bf16, auto=True, notes=notes) is bf16
+
+
 def test_bench_refuses_the_fp8_rows_of_a_mode_where_nothing_pays(tmp_path, monkeypatch):
     pytest.importorskip("torchao")
     from ampkit.bench import core

@@ -137,9 +137,13 @@ def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Mod
     from ampkit.engine.fp8_choice import choose_fp8
 
     rows = task.tokens_per_batch or task.samples_per_batch
-    tokens = max(1, rows // (ctx.world_size if ctx is not None else 1))
+    world = ctx.world_size if ctx is not None else 1
+    tokens = max(1, rows // world)
+    # Several processes would each probe (or race on the cache) and could decide apart: every rank must
+    # convert the same layers, so they all choose by shape, and auto keeps BF16.
+    lookup = None if world == 1 else (lambda *_: (None, f"{world} processes decide alike without the cost model"))
     choice = choose_fp8(model, precision, auto=auto, recipe=config.fp8_recipe, tokens=tokens, mode="eager",
-                        layers=config.fp8_layers)
+                        layers=config.fp8_layers, lookup=lookup)
     if choice.report is not None:
         # torchao's Float8Linear in place of the chosen nn.Linear layers (same Parameters).
         convert(model, chosen=choice.report)
