@@ -103,12 +103,15 @@ def _is_rate(name: str, values: list[float]) -> bool:
 
 
 def infer_count(values: list[float]) -> int | None:
-    """The smallest n <= MAX_COUNT such that every value is k / n (to float32 precision), or None."""
+    """The smallest n <= MAX_COUNT such that every value is k / n (to float32 precision), or None.
+
+    A value that is no count at all can fit some large n by chance; that only makes the floor on the spread
+    tiny, since the default tolerance is the larger of 1 % and one counting error."""
     vals = [v for v in values if math.isfinite(v)]
     if not vals or any(not 0.0 <= v <= 1.0 for v in vals):
         return None
     for n in range(1, MAX_COUNT + 1):
-        if all(abs(v * n - round(v * n)) <= 1e-6 * n for v in vals):
+        if all(abs(v * n - round(v * n)) <= 2e-7 * n for v in vals):  # float32 k / n: within 6e-8 n
             return n if n > 1 or all(v in (0.0, 1.0) for v in vals) else None
     return None
 

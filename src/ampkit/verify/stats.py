@@ -35,6 +35,7 @@ spreads on digits and charlm are well below it); otherwise inconclusive.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass
@@ -85,6 +86,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t (``df`` >= 1), to about 1e-10 (bisection on :func:`t_cdf`)."""
     if not 0.0 < p < 1.0:
@@ -127,12 +129,19 @@ def seeds_to_decide(mean: float, sd: float, tolerance: float, *, alpha_pass: flo
     None beyond :data:`MAX_SEEDS` (the mean is too close to the tolerance to be told apart)."""
     gap = abs(tolerance - mean)
     alpha = alpha_pass if mean < tolerance else alpha_fail
-    if gap <= 0.0:
+    lo = max(2, at_least)
+    if gap <= 0.0 or detectable(sd, MAX_SEEDS, alpha, power) >= gap:
         return None
-    for n in range(max(2, at_least), MAX_SEEDS + 1):
-        if detectable(sd, n, alpha, power) < gap:
-            return n
-    return None
+    if detectable(sd, lo, alpha, power) < gap:
+        return lo
+    hi = MAX_SEEDS  # detectable() falls with n: bisect for the first n below the gap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if detectable(sd, mid, alpha, power) < gap:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 # ---------------------------------------------------------------------------------------- one quantity
