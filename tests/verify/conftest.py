@@ -14,11 +14,12 @@ HARMFUL = str(HERE / "harmful_task.py") + ":make_task"
 
 @pytest.fixture(scope="session")
 def toy_compare(tmp_path_factory):
-    """The toy task in BF16, 2 seeds x 40 steps, with its report written."""
+    """The toy task in BF16, 3 seeds x 40 steps, with its report written. (Two seeds with the same accuracy on the
+    toy's 128 test examples cannot show a harm below 1 %: the paired verdict says inconclusive, rightly.)"""
     from ampkit.verify.compare import compare
 
     out = tmp_path_factory.mktemp("toy_compare")
-    return compare(TOY, precision="bf16", seeds=2, steps=40, out=out)
+    return compare(TOY, precision="bf16", seeds=3, steps=40, out=out)
 
 
 @pytest.fixture(scope="session")
