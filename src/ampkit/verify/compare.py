@@ -64,7 +64,7 @@ def _task_maker(task_factory: TaskFactory, options: dict[str, Any] | None, dev: 
 def _seed_list(seeds: int | Sequence[int], steps: int | None) -> list[int]:
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
-        raise UsageError("--seeds must be at least 1 (2 or more measure the seed-to-seed spread)")
+        raise UsageError("--seeds must be at least 1 (3 or more can show AMP within the tolerance)")
     if len(set(seed_list)) != len(seed_list):
         raise UsageError(f"seeds must be distinct, got {seed_list}")
     if steps is not None and steps < 1:

@@ -77,7 +77,7 @@ def _loss_plot(r: CompareResult) -> bytes:
         ax.set_yscale("log")
     ax.set_xlabel("optimizer step", fontsize=9)
     ax.set_ylabel("training loss" + (" (log scale)" if positive else ""), fontsize=9)
-    ax.set_title(f"Loss: {amp} against the FP32 seed band", fontsize=10, loc="left")
+    ax.set_title(f"Loss: {amp} (each seed) over the FP32 seeds' range", fontsize=10, loc="left")
     _style(ax)
     ax.legend(fontsize=8, frameon=False)
     return _png(fig)

@@ -4,8 +4,9 @@ For one judged quantity (the final metric, the loss over a window of the curve) 
 each seed k, the **harm** ``h_k``: how much worse the AMP run is than the FP32 run *of the same seed*
 (same initial weights, same batches), relative to the FP32 value. The seeds are independent
 replicates, so ``mean(h)`` estimates the effect of the precision and ``sd(h) / sqrt(n)`` its standard
-error; pairing removes the seed-to-seed spread of training itself, which on the built-in tasks is one
-to two orders of magnitude larger than the AMP-minus-FP32 difference within a seed.
+error; pairing removes the seed-to-seed spread of training itself (on digits, BF16 on the CPU: the late
+training loss moves by about 2 % between the precisions of one seed and by 30 % between seeds; the test
+accuracy by 0 to 2 of 359 images within a seed, over a 5-image range between 5 seeds).
 
 :func:`paired_effect` is an equivalence test against a tolerance ``tol`` (the harm you accept), with
 one-sided Student-t bounds on ``n - 1`` degrees of freedom:
