@@ -126,3 +126,21 @@ def test_digits_bf16_passes_on_cpu(digits_compare):
     assert min(r.final_metric["amp"]) > 0.93
     assert r.audit["matmul_share"] == 1.0 and not r.audit["surprises"]
     assert math.isfinite(r.ratios["speedup"])
+
+
+# ------------------------------------------------------------------ planted harms on real digits runs (issue 28)
+PLANTED = str(Path(__file__).parent / "planted_task.py") + ":make_task"
+
+
+@pytest.mark.parametrize("harm, expected", [("none", {"pass"}), ("lr", {"fail"}), ("labels", {"fail"})])
+def test_real_digits_planted_harm(harm, expected):
+    """Three real FP32/BF16 run pairs of digits (small CNN, 100 steps): no harm passes, a halved learning rate and
+    label noise in the AMP runs fail."""
+    r = ampkit.compare(PLANTED, precision="bf16", seeds=3, steps=100, device="cpu", run_audit=False,
+                       task_options={"harm": harm})
+    assert r.verdict in expected, r.reasons
+    ends = {e["name"].split(" (")[0]: e for e in r.effects["endpoints"]}
+    if harm == "lr":  # the late loss is far beyond 1 %, with all three seeds
+        assert ends["late training loss"]["lower"] > 0.01 and min(ends["late training loss"]["per_seed"]) > 0.01
+    if harm == "none":
+        assert all(abs(e["mean"]) < 0.01 for e in ends.values())

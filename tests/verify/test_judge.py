@@ -127,8 +127,9 @@ def test_one_seed_never_passes_and_fails_only_far_beyond_the_tolerance():
 def test_inconclusive_says_how_many_seeds_would_decide():
     e = stats.paired_effect([0.002, 0.009, -0.001], tolerance=0.01, floor=1e-4)
     assert e.decision == "inconclusive" and e.seeds_to_decide is not None and e.seeds_to_decide > 3
-    n = e.seeds_to_decide  # at that many seeds, the observed mean and sd would pass
-    assert e.mean + stats.half_width(e.sd, n) < 0.01
+    n, gap = e.seeds_to_decide, 0.01 - e.mean  # the fewest seeds that resolve the gap with 80 % power
+    assert stats.detectable(e.sd_used, n) < gap <= stats.detectable(e.sd_used, n - 1)
+    assert e.mean + stats.half_width(e.sd, n) < 0.01  # at that many seeds, the observed mean and sd would pass
 
 
 def test_tolerances_per_kind_and_counting():
