@@ -36,7 +36,7 @@ HARMS = ("none", "lr", "round", "labels", "bias")
 
 def _plan(base: str, harm: str, seeds: list[int], steps: int | None, options: dict):
     from ampkit.device import detect_device
-    from ampkit.policy import resolve_precision
+    from ampkit.device.policy import resolve_precision
     from ampkit.tasks import load_task
     from ampkit.verify.runs import RunPlan
 

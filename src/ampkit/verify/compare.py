@@ -9,12 +9,12 @@
 
 What is run: for each seed, the task is built once, its initial weights are copied, and it is trained
 in FP32 and then, from those same weights and the same ``batch(step)`` stream, in the AMP precision.
-Both runs use the trainer (:func:`ampkit.trainer.train`) with evaluation on.
+Both runs use the trainer (:func:`ampkit.training.trainer.train`) with evaluation on.
 
 How the verdict is reached: :func:`ampkit.verify.judge.judge`, a paired equivalence test over the
 seeds (pure functions; docs/commands/compare.md, "The verdict").
 
-With ``fp32_modules`` the AMP runs keep those modules in FP32 (:mod:`ampkit.regions`), and the cost of
+With ``fp32_modules`` the AMP runs keep those modules in FP32 (:mod:`ampkit.engine.regions`), and the cost of
 each region (step time and peak memory with and without it) is measured and reported. With
 ``explain=True``, :mod:`ampkit.verify.explain` ranks the modules by the error they add and, after a
 FAIL, tries fixes with short reruns (``CompareResult.explain``).
@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import Device, detect_device
 from ampkit.errors import UsageError
-from ampkit.policy import Precision, bf16_advice, resolve_precision
+from ampkit.device.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
 from ampkit.verify.band import MARGINS
 from ampkit.verify.judge import SETTINGS, Verdict, judge
@@ -87,7 +87,7 @@ def _precisions(precision: Precision | str, device: Device | str | None) -> tupl
 def _fp32_modules(value: Any) -> tuple[str, ...]:
     if not value:
         return ()
-    from ampkit.regions import normalize_fp32_modules
+    from ampkit.engine.regions import normalize_fp32_modules
 
     specs = normalize_fp32_modules(value)
     bad = [s for s in specs if not isinstance(s, str)]
@@ -197,7 +197,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         task_factory: a task spec (``"digits"``, ``"FILE.py:factory"``, ``"module:factory"``) or a
             callable ``factory(seed=...) -> ampkit.Task``.
         precision: the AMP precision to judge (``"auto"``: the device's recommended low precision), or a
-            resolved :class:`~ampkit.policy.Precision` (then its device is used and ``device`` ignored).
+            resolved :class:`~ampkit.device.policy.Precision` (then its device is used and ``device`` ignored).
         seeds: how many seeds (0..N-1), or the seeds themselves. The verdict sharpens with every seed;
             one seed can fail or be inconclusive, never pass.
         steps: optimizer steps per run (default: the task's ``default_steps``).
@@ -205,7 +205,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         tolerance: the harm you accept, relative to the FP32 value (default 1 %, at least one counting
             error for an accuracy): :mod:`ampkit.verify.judge`.
         fp32_modules: modules the AMP runs keep in FP32 (names, globs, ``"preset:norm"``; see
-            :mod:`ampkit.regions`); the cost of each region is measured and reported in ``regions``.
+            :mod:`ampkit.engine.regions`); the cost of each region is measured and reported in ``regions``.
         explain: rank the modules by the error they add and, after a FAIL, try fixes (``explain``).
         explain_budget: seconds the explanation may take; default ``explain_factor`` (2) times the
             comparison's own time.
@@ -279,7 +279,7 @@ def judge_runs(plan: RunPlan, runs: dict[str, dict[int, Run]], tolerance: float 
     fp32_runs = runs["fp32"] if fp32 is None else fp32
     return judge(label=plan.amp.name.upper(), fp32={s: outcome(r) for s, r in fp32_runs.items()},
                  amp={s: outcome(r) for s, r in runs["amp"].items()}, metric=first.metric, higher_is_better=higher,
-                 bf16_advice=bf16_advice(plan.amp.device) if plan.amp.use_scaler else None, tolerance=tolerance,
+                 bf16_advice=bf16_advice(plan.amp) if plan.amp.use_scaler else None, tolerance=tolerance,
                  metric_count=count if isinstance(count, int) else None)
 
 
@@ -345,7 +345,7 @@ def _check_regions(task: Task, regions: tuple[str, ...], prec: Precision) -> tup
     """The module names the specs match, or the one-line UsageError of a spec that matches nothing (before training)."""
     if not regions:
         return ()
-    from ampkit.regions import apply_fp32_regions
+    from ampkit.engine.regions import apply_fp32_regions
 
     handle = apply_fp32_regions(task.model, list(regions), device_type=prec.device.type)
     handle.remove()
