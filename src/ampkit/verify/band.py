@@ -11,7 +11,8 @@ what does not need statistics, as pure functions on numbers:
   non-finite AMP final metric; more than ``MAX_SKIP_SHARE`` (5 %) of an AMP run's optimizer steps
   skipped; the trainer's ``scale-collapse`` warning in an FP16 run, with its fix.
 
-``judge`` and ``Verdict`` are still importable from here (they live in :mod:`ampkit.verify.judge`).
+``judge`` and ``Verdict`` moved to :mod:`ampkit.verify.judge` (which imports this module, so this one
+cannot import them back).
 """
 
 from __future__ import annotations
@@ -174,11 +175,3 @@ def seed_reasons(seed: int, run: RunOutcome, label: str) -> list[str]:
     """The hard rules one run fails on its own (non-finite loss, skipped share, scale collapse): an early "fail"
     for reruns. The paired test needs every seed, so it is not among them."""
     return _non_finite({seed: run}, label) + _skips({seed: run}, label) + trainer_warnings({seed: run}, None)[1]
-
-
-def __getattr__(name: str):  # judge and Verdict moved to ampkit.verify.judge; importable from here still
-    if name in ("judge", "Verdict"):
-        from ampkit.verify import judge as _judge
-
-        return getattr(_judge, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
