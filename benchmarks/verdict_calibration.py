@@ -109,14 +109,15 @@ def main() -> None:
               "torch": torch.__version__, "commit": commit.strip(), "precision": "bf16 (CPU autocast)",
               "threads": 1, "tasks": {}}
     t0 = time.perf_counter()
-    record["tasks"]["digits"] = run_base("digits", HARMS, args.pool, args.steps, {})
+    jobs = [("digits", HARMS, args.steps, {})]
     if args.charlm:
-        record["tasks"]["charlm"] = run_base("charlm", ("none", "bias"), args.pool, args.steps or 200,
-                                             {"d_model": 32, "n_layers": 1})
-    record["wall_s"] = time.perf_counter() - t0
+        jobs.append(("charlm", ("none", "bias"), args.steps or 200, {"d_model": 32, "n_layers": 1}))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out} in {record['wall_s']:.0f} s", file=sys.stderr)
+    for base, harms, steps, options in jobs:  # written after each task: a long run keeps what it measured
+        record["tasks"][base] = run_base(base, harms, args.pool, steps, options)
+        record["wall_s"] = time.perf_counter() - t0
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.out} ({base}) at {record['wall_s']:.0f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
