@@ -104,7 +104,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    record = {"kind": "verdict-calibration", "git_commit": commit.strip(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores (shared)".strip(),
               "torch": torch.__version__, "commit": commit.strip(), "precision": "bf16 (CPU autocast)",
               "threads": 1, "tasks": {}}
