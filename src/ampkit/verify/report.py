@@ -357,6 +357,10 @@ def _bound(v: Any) -> str:
     return "n/a" if v is None else f"{v:+.3%}"
 
 
+def _res(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3%}"
+
+
 def _effects_section(r: CompareResult) -> str:
     """The paired tests behind the verdict: each judged quantity's effect, interval, tolerance and decision."""
     eff = r.effects or {}
@@ -367,7 +371,7 @@ def _effects_section(r: CompareResult) -> str:
             need = f'{e["seeds_to_decide"]} seeds' if e.get("seeds_to_decide") else ""
             rows.append(f'<tr><td>{_e(e["name"])}</td><td>{_e(kind)}</td><td class="num">{_bound(e["mean"])}</td>'
                         f'<td class="num">{_bound(e.get("lower"))} … {_bound(e.get("upper"))}</td>'
-                        f'<td class="num">{e["tolerance"]:.3%}</td><td class="num">{_bound(e.get("detectable"))}</td>'
+                        f'<td class="num">{e["tolerance"]:.3%}</td><td class="num">{_res(e.get("detectable"))}</td>'
                         f'<td><span class="tag {tag}">{_e(e["decision"])}</span></td><td>{_e(need)}</td></tr>')
     if not rows:
         return ""
