@@ -17,22 +17,30 @@ EXAMPLES = """examples:
                                                    # on FAIL: which module adds the error, and the fix
   ampkit compare --precision fp16 --fp32-modules norm,preset:loss   # with FP32 regions, and their cost
 
-exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: docs/commands/compare.md, "The verdict".
+  ampkit compare --seeds 5 --tolerance 0.02      # accept up to 2 % worse than FP32, judged over 5 seeds
+
+exit status: 0 pass, 1 fail, 2 bad input, 3 inconclusive (more seeds would decide).
+How the verdict is reached: docs/commands/compare.md, "The verdict".
 """
 
 
 def register(sub, formatter_class):
     p = sub.add_parser("compare", help="FP32 vs AMP from the same seeds: verdict, curves, speed-up, report",
                        description="Train the task in FP32 over N seeds and in the AMP precision from the same seeds, "
-                                   "initial weights and data order. Pass when the AMP loss stays inside the FP32 "
-                                   "seed band, the final metric is within the FP32 spread, at most 5% of steps are "
-                                   "skipped and the FP16 scale does not collapse. Also measures samples/s and peak "
-                                   "memory of both. Writes DIR/compare.json and DIR/report.html.",
+                                   "initial weights and data order. The verdict is a paired test over the seeds: pass "
+                                   "when AMP is surely within --tolerance of FP32 (final metric and late loss), fail "
+                                   "when surely beyond it (or non-finite, over 5% of steps skipped, FP16 scale "
+                                   "collapse), else inconclusive. Also measures samples/s and peak memory of both. "
+                                   "Writes DIR/compare.json and DIR/report.html.",
                        epilog=EXAMPLES, formatter_class=formatter_class)
     add_task_args(p)
     add_precision_arg(p)
     add_device_arg(p)
-    p.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds 0..N-1 (FP32 spread needs >= 2)")
+    p.add_argument("--seeds", type=int, default=3, metavar="N",
+                   help="seeds 0..N-1; each sharpens the verdict (one seed can fail or be inconclusive, never pass)")
+    p.add_argument("--tolerance", type=float, default=None, metavar="T",
+                   help="the harm you accept, relative to FP32 (default 0.01 = 1%%; for an accuracy at least one "
+                        "test example)")
     p.add_argument("--steps", type=int, default=None, metavar="S", help="optimizer steps per run (default: the task's)")
     p.add_argument("--log-every", type=int, default=None, metavar="L",
                    help="steps per point of the loss curves (default: about 40 points)")
@@ -76,6 +84,8 @@ def run(args) -> int:
     from ampkit.tasks import parse_task_args
     from ampkit.verify.compare import compare
 
+    if args.tolerance is not None and not 0 < args.tolerance < float("inf"):
+        raise UsageError(f"--tolerance must be a positive fraction, e.g. 0.01 for 1 %, got {args.tolerance}")
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
     if args.steps is not None and args.steps < 1:
@@ -90,12 +100,12 @@ def run(args) -> int:
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
-                         explain_factor=factor, graph=False if args.no_graph else None)
+                         explain_factor=factor, graph=False if args.no_graph else None, tolerance=args.tolerance)
     if args.json:
         print_json(result.to_dict())
     else:
         _summary(result)
-    return 0 if result.passed else 1
+    return {"pass": 0, "fail": 1, "inconclusive": 3}[result.verdict]
 
 
 class _Progress(ProgressView):
@@ -192,18 +202,41 @@ def _summary(r) -> None:
         out.print(f"[yellow]warning {w.get('code')}[/]: {w.get('message')}" + (f". fix: {w['fix']}" if w.get("fix") else ""))
     for n in r.notes:
         out.print(f"note: {n}", highlight=False)
+    _effects(out, r)
     if r.passed:
-        out.print(f"[bold green]PASS[/]: {amp} matches FP32 within the seed-to-seed spread")
+        out.print(f"[bold green]PASS[/]: {amp} is within the tolerance of FP32 (paired over {len(r.seeds)} seeds)")
+    elif r.verdict == "inconclusive":
+        out.print(f"[bold yellow]INCONCLUSIVE[/]: {amp} is neither shown within the tolerance of FP32 nor beyond it")
+        for reason in r.reasons:
+            out.print(f"  - {reason}", highlight=False)
     else:
         out.print(f"[bold red]FAIL[/]: {amp} does not match FP32")
         for reason in r.reasons:
             out.print(f"  - {reason}", highlight=False)
     _regions(out, r)
     _explain(out, r)
-    if not r.passed and r.explain is None:
+    if r.verdict == "fail" and r.explain is None:
         out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
     if r.report:
         out.print(f"report: {r.report}  (json: {r.report.rsplit('/', 1)[0]}/compare.json)", highlight=False)
+
+
+def _effects(out, r) -> None:
+    """The paired tests: harm (AMP worse than FP32, same seed) with its bounds, the tolerance and the resolution."""
+    from rich.table import Table
+
+    ends = (r.effects or {}).get("endpoints") or []
+    if not ends:
+        return
+    pct = lambda v: "n/a" if v is None else f"{v:+.2%}"  # noqa: E731
+    t = Table(title=f"{r.precision.upper()} minus FP32, paired by seed (harm: + is worse, relative to FP32)",
+              title_justify="left")
+    for col in ("quantity", "harm", "bounds", "tolerance", "resolution", "decision"):
+        t.add_column(col, justify="left" if col in ("quantity", "decision") else "right")
+    for e in ends:
+        t.add_row(e["name"], pct(e["mean"]), f"{pct(e['lower'])} .. {pct(e['upper'])}", f"{e['tolerance']:.2%}",
+                  "n/a" if e["detectable"] is None else f"{e['detectable']:.2%}", e["decision"])
+    out.print(t)
 
 
 def _regions(out, r) -> None:
