@@ -35,9 +35,12 @@ class FirstStepAudit:
         self._names: dict[int, tuple[str, str]] = {}
 
     def install(self) -> None:
+        import torch.optim.optimizer as optim_mod
+
         mm = torch.nn.modules.module
         self._handles = [mm.register_module_forward_pre_hook(self._pre),
-                         mm.register_module_forward_hook(self._post, always_call=True)]
+                         mm.register_module_forward_hook(self._post, always_call=True),
+                         optim_mod.register_optimizer_step_pre_hook(lambda *a: self._stop())]
 
     def remove(self) -> None:
         for h in self._handles:

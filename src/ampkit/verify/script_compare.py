@@ -262,3 +262,18 @@ def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
     from ampkit.verify.audit import audit_from_dict
 
     return audit_from_dict(audit).summary()
+
+
+def audit_script(script: str, args: Sequence[str] = (), *, precision: str | None = None, mode: str = "amp"):
+    """``ampkit audit SCRIPT``: the :class:`~ampkit.verify.audit.AuditResult` of the script's first optimizer
+    step (forward under its autocast, and its backward), recorded in a fresh process with seed 0. ``mode="fp32"``
+    audits the FP32 run of ``compare SCRIPT`` instead (every autocast and GradScaler switched off)."""
+    from ampkit.verify.audit import audit_from_dict
+
+    full = check_script(script, "audit")
+    forced = _forced(precision) if mode == "amp" else None
+    with tempfile.TemporaryDirectory(prefix="ampkit-audit-") as tmp:
+        run = run_script(full, list(args), mode=mode, seed=0, folder=tmp, precision=forced, audit=True)
+    if run.audit is None:
+        raise UsageError(f"{script} took an optimizer step without running an nn.Module: nothing to audit")
+    return audit_from_dict(run.audit)
