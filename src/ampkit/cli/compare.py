@@ -158,7 +158,14 @@ class _Progress(ProgressView):
         kind = ev.get("event")
         if self.quiet:
             return
-        if kind == "compare_start":
+        if kind == "compare_start" and ev.get("script"):
+            self.steps = ev["steps"] or 1
+            self.err.print(f"[bold]{ev['task']}[/]: FP32 (autocast and GradScaler switched off) vs AMP "
+                           f"({ev['reason']}), seeds {ev['seeds']}, "
+                           + (f"{ev['steps']} steps each" if ev["steps"] else "the script's own length"))
+            if self.progress is not None:
+                self.bar = self.progress.add_task("compare", total=ev["runs"] * self.steps, info="")
+        elif kind == "compare_start":
             self.steps = ev["steps"] or 1
             self.err.print(f"[bold]{ev['task']}[/] on {ev['device']}: FP32 vs {ev['precision'].upper()} "
                            f"({ev['reason']}), seeds {ev['seeds']}, {ev['steps']} steps each")

@@ -158,8 +158,9 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
     tmp = tempfile.TemporaryDirectory(prefix="ampkit-compare-") if out is None else None
     base = (prepare_folder(out) if out is not None else Path(tmp.name)) / "runs"
     try:
-        emit({"event": "compare_start", "runs": 2 * len(seed_list), "task": script, "precision": forced or "as written",
-              "reason": "the script's own autocast" if forced is None else f"--precision {forced}", "device": "script",
+        emit({"event": "compare_start", "script": True, "runs": 2 * len(seed_list), "task": script,
+              "precision": forced or "amp", "device": None,
+              "reason": "the script's own autocast" if forced is None else f"--precision {forced} forced",
               "steps": steps or 0, "seeds": seed_list, "fp32_modules": []})
         runs: dict[str, dict[int, ScriptRun]] = {"fp32": {}, "amp": {}}
         count = 0
