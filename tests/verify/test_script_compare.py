@@ -26,14 +26,14 @@ def _script(name: str) -> str:
 @pytest.fixture(scope="session")
 def plain(tmp_path_factory):
     out = tmp_path_factory.mktemp("plain")
-    return compare_script(_script("plain_loop.py"), ["--epochs", "1"], seeds=2, steps=12,
-                          metric=r"test accuracy ([0-9.]+)", out=out), out
+    return compare_script(_script("plain_loop.py"), ["--epochs", "1"], seeds=2, metric=r"test accuracy ([0-9.]+)",
+                          out=out), out
 
 
 def test_plain_loop_passes_and_says_it_came_from_the_script(plain):
     result, out = plain
     assert result.verdict == "pass", result.reasons
-    assert result.precision == "bf16" and result.steps == 12
+    assert result.precision == "bf16" and result.steps == 30  # one epoch of 1500 samples in batches of 50
     assert result.final_metric["name"] == "test accuracy" and result.final_metric["higher_is_better"]
     data = json.loads((out / "compare.json").read_text())
     assert data["source"]["kind"] == "script" and data["source"]["args"] == ["--epochs", "1"]
@@ -102,9 +102,12 @@ def test_torchrun_launch_refused(capsys, monkeypatch):
     assert "launched for several (WORLD_SIZE=2" in capsys.readouterr().err
 
 
-def test_metric_needs_a_group_and_a_match(capsys):
+def test_metric_needs_a_group_and_a_match(capsys, tmp_path):
     assert main(["compare", "--metric", "accuracy", _script("plain_loop.py")]) == 2
     assert "needs a group" in capsys.readouterr().err
+    assert main(["compare", "--json", "--seeds", "1", "--steps", "2", "--out", str(tmp_path), "--metric",
+                 "test accuracy ([0-9.]+)", _script("plain_loop.py")]) == 2
+    assert "--steps stopped it" in capsys.readouterr().err
 
 
 def test_audit_script_cli(capsys):

@@ -73,9 +73,11 @@ def _metric(run: ScriptRun, regex: re.Pattern[str] | None, pattern: str) -> floa
         return run.losses[-1] if run.losses and run.losses[-1] is not None else (finite[-1] if finite else math.nan)
     found = regex.findall(run.stdout)
     if not found:
+        why = (f"--steps stopped it ({run.stopped}) before it printed one: shorten the script through its own "
+               f"arguments instead" if run.stopped.startswith("stopped after") else
+               "give a pattern whose first group is the number, e.g. 'test accuracy ([0-9.]+)'")
         raise UsageError(f"--metric {pattern!r} matched nothing in the output of the {run.mode.upper()} run of seed "
-                         f"{run.seed} (see {run.folder}/stdout.txt); give a pattern whose first group is the number, "
-                         f"e.g. 'test accuracy ([0-9.]+)'")
+                         f"{run.seed} (see {run.folder}/stdout.txt): {why}")
     last = found[-1][0] if isinstance(found[-1], tuple) else found[-1]
     try:
         return float(last)
