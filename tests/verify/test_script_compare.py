@@ -16,7 +16,6 @@ from ampkit.diagnose.script_run import run_script
 from ampkit.verify.script_compare import audit_script, compare_script, higher_is_better, window_curve
 
 SCRIPTS = Path(__file__).parent / "scripts"
-pytestmark = pytest.mark.slow
 
 
 def _script(name: str) -> str:
@@ -30,6 +29,7 @@ def plain(tmp_path_factory):
                           out=out), out
 
 
+@pytest.mark.slow
 def test_plain_loop_passes_and_says_it_came_from_the_script(plain):
     result, out = plain
     assert result.verdict == "pass", result.reasons
@@ -42,6 +42,7 @@ def test_plain_loop_passes_and_says_it_came_from_the_script(plain):
     assert result.audit["matmul_share"] == 1.0  # the AMP audit of its first step: every matmul in BF16
 
 
+@pytest.mark.slow
 def test_steps_and_seeds(tmp_path):
     """--steps stops the run; run k of FP32 and AMP start alike (ampkit's seed replaces the script's own
     torch.manual_seed(42)); another k starts elsewhere."""
@@ -53,6 +54,7 @@ def test_steps_and_seeds(tmp_path):
     assert runs["fp32", 0].autocast == [] and runs["amp", 0].autocast == ["cpu:bfloat16"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,args", [("accelerate_loop.py", []), ("fabric_loop.py", []),
                                          ("hf_trainer.py", None)])
 def test_library_scripts_pass(script, args, tmp_path):
@@ -63,6 +65,7 @@ def test_library_scripts_pass(script, args, tmp_path):
     assert all(len(c) == 12 for c in result.curves["fp32"].values())
 
 
+@pytest.mark.slow
 def test_fp16_defect_fails():
     result = compare_script(_script("fp16_overflow.py"), seeds=2, steps=10, run_audit=False)
     assert result.verdict == "fail"
@@ -72,6 +75,7 @@ def test_fp16_defect_fails():
     assert result.scale_trace is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,args", [("plain_loop.py", []), ("fabric_loop.py", [])])
 def test_fp32_runs_contain_no_low_precision_op(script, args):
     """The FP32 side really is FP32: every op of its first step, recorded by the audit machinery."""
