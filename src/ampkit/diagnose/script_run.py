@@ -66,11 +66,12 @@ def check_script(path: str, what: str = "compare") -> str:
 
 def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, seed: int, folder: str | Path,
                precision: str | None = None, steps: int | None = None, audit: bool = False,
-               timeout_s: float | None = None) -> ScriptRun:
+               timeout_s: float | None = None, entry: str = "ampkit.diagnose.script_run") -> ScriptRun:
     """Run ``python script *args`` once in a fresh process in ``mode`` (``"fp32"``/``"amp"``) with seed ``seed``.
 
     ``precision`` (``"bf16"``/``"fp16"``) forces the AMP runs' autocast dtype; ``steps`` stops the script after
-    that many optimizer steps; ``audit`` records the dtype of every op of its first step instead of training on.
+    that many optimizer steps; ``audit`` stops after the first step and keeps the recorder's result (``entry``: the
+    child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
     Raises :class:`~ampkit.errors.UsageError` with one line when the script cannot be compared: it crashed
     (its own error line), it never took an optimizer step, or it does something switching cannot undo."""
     full = check_script(script)
@@ -88,7 +89,7 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     t0 = time.perf_counter()
     with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
         try:
-            proc = subprocess.run([sys.executable, "-m", "ampkit.diagnose.script_run", str(folder / "spec.json")],
+            proc = subprocess.run([sys.executable, "-m", entry, str(folder / "spec.json")],
                                   stdout=out, stderr=err, env=env, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise UsageError(f"{_label(mode, seed)} of {script} did not finish in {timeout_s:.0f} s: pass --steps N "
@@ -130,8 +131,11 @@ def _refuse(rec: dict[str, Any], script: str, mode: str, seed: int, folder: Path
 
 
 # ---------------------------------------------------------------------------------------- the child
-def main(argv: list[str] | None = None) -> int:
-    """The child process: run the script under the switch, write ``run.json``; never raises for the script."""
+def main(argv: list[str] | None = None, recorder: Any = None) -> int:
+    """The child process: run the script under the switch, write ``run.json``; never raises for the script.
+
+    ``recorder`` (``install()``, ``remove()``, ``on_backward()``, ``on_step(step)``, ``state.recording``,
+    ``result(switch)``) watches the run, e.g. :class:`ampkit.verify.script_audit.FirstStepAudit`."""
     import runpy
     import traceback
 
@@ -147,11 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     c0 = time.process_time()
     full = spec["script"]
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
-    recorder = None
-    if spec["audit"]:
-        from ampkit.diagnose.script_audit import FirstStepAudit
-
-        recorder = FirstStepAudit()
     sw = Switch(mode=spec["mode"], seed=spec["seed"], dtype=dtype, steps=spec["steps"],
                 on_backward=recorder.on_backward if recorder else None, on_step=recorder.on_step if recorder else None)
     sw.quiet = recorder.state if recorder else None

@@ -36,6 +36,7 @@ from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _ver
 __all__ = ["compare_script", "higher_is_better", "metric_name", "window_curve"]
 
 Progress = Callable[[dict[str, Any]], None]
+AUDIT_ENTRY = "ampkit.verify.script_audit"  # the child process of an audited run
 _HIGHER = re.compile(r"acc|f1|auc|bleu|rouge|score|precision|recall|map\b|iou", re.IGNORECASE)
 
 
@@ -181,7 +182,7 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         if run_audit:
             emit({"event": "audit"})
             audit = run_script(full, list(args), mode="amp", seed=seed_list[0], folder=base / "audit",
-                               precision=forced, audit=True).audit
+                               precision=forced, audit=True, entry=AUDIT_ENTRY).audit
         result = _assemble(script, list(args), runs, forced, regex, metric, higher, log_every, audit,
                            base if out is not None else None, t0)
     finally:
@@ -276,7 +277,8 @@ def audit_script(script: str, args: Sequence[str] = (), *, precision: str | None
     full = check_script(script, "audit")
     forced = _forced(precision) if mode == "amp" else None
     with tempfile.TemporaryDirectory(prefix="ampkit-audit-") as tmp:
-        run = run_script(full, list(args), mode=mode, seed=0, folder=tmp, precision=forced, audit=True)
+        run = run_script(full, list(args), mode=mode, seed=0, folder=tmp, precision=forced, audit=True,
+                         entry=AUDIT_ENTRY)
     if run.audit is None:
         raise UsageError(f"{script} took an optimizer step without running an nn.Module: nothing to audit")
     return audit_from_dict(run.audit)

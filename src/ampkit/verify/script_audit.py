@@ -1,15 +1,19 @@
 """``ampkit audit SCRIPT``: the dtype of every op of a script's first optimizer step, in the script's own process.
 
+This module is also the child process of an audited run: ``python -m ampkit.verify.script_audit SPEC.json``
+is :func:`ampkit.diagnose.script_run.main` with a :class:`FirstStepAudit` as its recorder.
+
 :class:`FirstStepAudit` reuses :mod:`ampkit.verify.record` (the dispatch mode that sees each aten op after
 autocast cast its inputs, and the function mode that notes whether autocast was on). Its modes are pushed
 at the first forward of a root module (global forward hooks name the modules: the dotted names of the
 first root's ``named_modules()``) and popped at the first optimizer step, so what the script does before
 (building data, a model, an optimizer) is not recorded; the backward the script calls is (``"backward"``).
-Installed by :mod:`ampkit.diagnose.script_run` inside a :class:`~ampkit.diagnose.switch.Switch`.
+Installed by :func:`ampkit.diagnose.script_run.main` inside a :class:`~ampkit.diagnose.switch.Switch`.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -105,3 +109,9 @@ class FirstStepAudit:
                          reason=f"autocast as the script runs it ({', '.join(seen) or 'none'})", device=dev)
         notes = [] if any(r.phase == "backward" for r in self.state.records) else ["no backward ops recorded"]
         return result_from_records(self.state.records, self.root, prec, self.output_dtype, notes).to_dict()
+
+
+if __name__ == "__main__":
+    from ampkit.diagnose.script_run import main
+
+    sys.exit(main(recorder=FirstStepAudit()))
