@@ -71,7 +71,7 @@ def run(args) -> int:
     if args.script is not None:
         return _run_script(args)
     from ampkit.device import detect_device
-    from ampkit.policy import resolve_precision
+    from ampkit.device.policy import resolve_precision
     from ampkit.tasks import load_task, parse_task_args
     from ampkit.verify.audit import audit_task
 

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
 
     import torch
 
-    from ampkit.diagnose.instrument import StopRun
+    from ampkit.diagnose.stop import StopRun
     from ampkit.diagnose.runner import script_traceback
     from ampkit.diagnose.switch import Refusal, Switch
     from ampkit.diagnose.tracking import UserCode

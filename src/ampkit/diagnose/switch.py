@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from ampkit.diagnose.instrument import StopRun
+from ampkit.diagnose.stop import StopRun
 
 __all__ = ["Switch", "Refusal", "run_seed"]
 

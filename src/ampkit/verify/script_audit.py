@@ -96,7 +96,7 @@ class FirstStepAudit:
     def result(self, switch: "Switch") -> dict[str, Any] | None:
         """The audit's ``to_dict()``, as ``ampkit audit --json`` prints it; None when no module ever ran."""
         from ampkit.device import parse_device
-        from ampkit.policy import Precision
+        from ampkit.device.policy import Precision
         from ampkit.verify.audit import result_from_records
 
         if self.root is None:

@@ -29,7 +29,7 @@ from ampkit.checkpoint import prepare_folder
 from ampkit.device import parse_device
 from ampkit.diagnose.script_run import ScriptRun, check_script, run_script
 from ampkit.errors import UsageError
-from ampkit.policy import bf16_advice
+from ampkit.device.policy import bf16_advice
 from ampkit.verify.band import MARGINS, RunOutcome, judge
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
 
@@ -88,7 +88,7 @@ def _metric(run: ScriptRun, regex: re.Pattern[str] | None, pattern: str) -> floa
 
 def _warnings(run: ScriptRun, device: str) -> tuple[dict[str, Any], ...]:
     """The ScaleMonitor's ``scale-collapse`` over the run's per-step scales and skips (FP16 with a scaler)."""
-    from ampkit.monitor import ScaleMonitor
+    from ampkit.engine.monitor import ScaleMonitor
 
     if not any(s is not None for s in run.scales):
         return ()
