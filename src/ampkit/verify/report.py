@@ -114,9 +114,9 @@ def _perf_plot(r: CompareResult) -> bytes:
     colors = [FP32_COLOR, AMP_COLOR]
     sps = [r.throughput.get("fp32") or 0.0, r.throughput.get("amp") or 0.0]
     bars = ax1.bar(labels, sps, color=colors, width=0.55)
-    ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
+    ax1.bar_label(bars, labels=[f"{v:,.2f}" if max(sps) < 10 else f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
     sp = r.ratios.get("speedup")
-    ax1.set_title("Throughput, samples/s" + (f" (speed-up {sp:.2f}x)" if sp else ""), fontsize=10, loc="left")
+    ax1.set_title(f"Throughput, {r.throughput.get('unit', 'samples/s')}" + (f" (speed-up {sp:.2f}x)" if sp else ""), fontsize=10, loc="left")
     ax1.margins(y=0.18)
     _style(ax1)
     mem = [r.memory.get("fp32"), r.memory.get("amp")]
@@ -267,7 +267,7 @@ def _cards(r: CompareResult) -> str:
         (f"final {m.get('name', 'metric')}", f"{_fmt_metric(m.get('amp_mean'), rate)}",
          f"{amp}; FP32 {_fmt_metric(m.get('fp32_mean'), rate)}"),
         ("speed-up", f"{sp:.2f}x" if sp else "n/a",
-         f"{amp} vs FP32 samples/s" + (" (slower)" if sp is not None and sp < 1 else "")),
+         f"{amp} vs FP32 {r.throughput.get('unit', 'samples/s')}" + (" (slower)" if sp is not None and sp < 1 else "")),
         ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
          "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
         ("skipped steps", f"{total_skipped}", f"of {total_steps} {amp} steps"),
@@ -392,6 +392,9 @@ def render_html(r: CompareResult, pngs: dict[str, bytes]) -> str:
     verdict = r.verdict.upper()
     sub = (f"{_e(r.task)} · {amp} vs FP32 · {len(r.seeds)} seed{'s' if len(r.seeds) != 1 else ''} × {r.steps} steps"
            f" · {_e(r.device.get('name'))} ({_e(r.device.get('str'))})")
+    if r.source:
+        sub += (f'</p><p id="source">runs came from your script, unmodified: <code>{_e(r.task_description)}</code>, '
+                f'each run a fresh process, FP32 by switching every autocast and GradScaler off')
     if r.reasons:
         body = "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in r.reasons) + "</ul>"
     else:

@@ -46,6 +46,7 @@ class CompareResult:
     fp32_modules: tuple[str, ...] = ()  # the AMP runs' FP32 regions, as given
     regions: dict[str, Any] | None = None  # matched module names and the cost of each region
     explain: dict[str, Any] | None = None  # compare --explain: ranking, candidates, recommendation
+    source: dict[str, Any] | None = None  # compare SCRIPT: {"kind": "script", "script", "args", ...}; None for a task
     effects: dict[str, Any] = field(default_factory=dict)  # the paired tests behind the verdict (verify.judge)
 
     @property
