@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["band", "seed_reasons", "hard_reasons", "trainer_warnings", "merge_seeds", "RunOutcome",
