@@ -7,9 +7,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from ampkit.migrate._cst import dotted
+from ampkit.migrate._walk import parents_of, walk
 
 if TYPE_CHECKING:
     from ampkit.migrate.amp_refs import AmpRefs
@@ -34,11 +35,14 @@ VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 class Context:
     """Everything a rule may ask about the file being migrated. Built once per file."""
 
-    def __init__(self, wrapper: MetadataWrapper, *, target: str, filename: str) -> None:
-        self.wrapper = wrapper
-        self.module = wrapper.module
+    def __init__(self, module: cst.Module, *, target: str, filename: str) -> None:
+        self.module = module
         self.target = target
         self.filename = filename
+
+    @cached_property
+    def wrapper(self) -> MetadataWrapper:
+        return MetadataWrapper(self.module, unsafe_skip_copy=True)  # freshly parsed: nobody else holds it
 
     # Resolved on first use: the scope analysis behind qualified names costs more than parsing,
     # and a file that only the name-free rules look at never pays for it.
@@ -48,7 +52,7 @@ class Context:
 
     @cached_property
     def _parents(self):
-        return self.wrapper.resolve(ParentNodeProvider)
+        return parents_of(self.module)
 
     @cached_property
     def _qn(self):
@@ -89,7 +93,7 @@ class Context:
                 if node.value == "torch" and not found:
                     found.append(node)
 
-        self.module.visit(_FirstTorch())
+        walk(self.module, [_FirstTorch()])
         if not found:
             return False
         value = self._qn.get(found[0])
@@ -157,7 +161,7 @@ class Context:
                     elif full == "torch" and isinstance(alias.asname.name, cst.Name):
                         names.append(alias.asname.name.value)
 
-        module.visit(_Imports())
+        walk(module, [_Imports()])
         return "torch" if "torch" in names else (names[0] if names else None)
 
     @cached_property
@@ -170,7 +174,7 @@ class Context:
                 if node.quote in counts:
                     counts[node.quote] += 1
 
-        self.module.visit(_Count())
+        walk(self.module, [_Count()])
         return "'" if counts["'"] > counts['"'] else '"'
 
     def literal(self, value: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ampkit.migrate._walk import walk
 from ampkit.migrate.rules._autocast_region import AutocastRegionRule
 
 __all__ = ["BceUnderAutocastRule"]
@@ -76,5 +77,5 @@ class BceUnderAutocastRule(AutocastRegionRule):
             def visit_Name(self, node: cst.Name) -> None:
                 uses[0] += node.value == local
 
-        function.body.visit(_Uses())
+        walk(function.body, [_Uses()])
         return bool(calls) and not any(calls) and uses[0] == 1 + len(calls)

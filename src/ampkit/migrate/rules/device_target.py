@@ -18,6 +18,7 @@ import re
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, last_name, prepend_arg, string_value
+from ampkit.migrate._walk import walk
 from ampkit.migrate.context import VENDOR_SWAP
 from ampkit.migrate.device_resolve import device_type_of
 from ampkit.migrate.rules._amp import scaler_without_device
@@ -86,7 +87,7 @@ class DeviceTargetRule(Rule):
                     found.add(n.attr.value)
 
         for n in nodes:
-            n.visit(_Vendors())
+            walk(n, [_Vendors()])
         return {self.src, self.dst} <= found
 
     def visit_If(self, node: cst.If) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, last_name
+from ampkit.migrate._walk import walk
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["HostSyncPerStepRule"]
@@ -66,7 +67,7 @@ def _has_modulo(node: cst.CSTNode) -> bool:
             self.found = True
 
     finder = _Mod()
-    node.visit(finder)
+    walk(node, [finder])
     return finder.found
 
 
@@ -80,7 +81,7 @@ class HostSyncPerStepRule(Rule):
 
     def _push_loop(self, node: cst.For | cst.While) -> None:
         finder = _IsTrainingLoop()
-        node.body.visit(finder)
+        walk(node.body, [finder])
         self._frames.append(_Frame(finder.found, _counter(node)))
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -150,7 +151,7 @@ class HostSyncPerStepRule(Rule):
                 if last_name(n.func) in _CHECKS and name.split(".")[0] not in _HOST_MODULES:
                     found.append(code(n.args[0].value) if n.args else "loss")
 
-        test.visit(_Find())
+        walk(test, [_Find()])
         return found[0] if found else None
 
 
