@@ -56,56 +56,81 @@ def child_attrs(node: cst.CSTNode) -> tuple[str, ...]:
     return order
 
 
-_HOOKS: dict[type, dict[str, str]] = {}
+_NONE = (None, None, None)
 
 
-def _hooks(visitor: cst.CSTVisitor) -> dict[str, object]:
-    cls = type(visitor)
-    names = _HOOKS.get(cls)
-    if names is None:
-        names = _HOOKS[cls] = {n: n for n in dir(cls) if n.startswith(("visit_", "leave_"))}
-    return {n: getattr(visitor, n) for n in names}
+def _table(cls: type) -> dict[str, tuple]:
+    """Node class name -> (visit, leave, {attribute: (visit_attr, leave_attr)}) as plain functions:
+    looked up once per walk, not per node (and not cached: a class may be patched, as tests do)."""
+    # Only hooks a visitor defines: libcst's typed no-op stubs (CSTTypedVisitorFunctions) are skipped.
+    hooks: dict[str, object] = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__module__.startswith("libcst"):
+            continue
+        hooks.update((n, f) for n, f in vars(klass).items() if n.startswith(("visit_", "leave_")))
+    split: dict[str, dict[str | None, list]] = {}
+    for hook, fn in hooks.items():
+        kind, name, attr = (hook.split("_", 2) + [None])[:3]
+        split.setdefault(name, {}).setdefault(attr, [None, None])[kind == "leave"] = fn
+    table = {}
+    for name, by_attr in split.items():
+        own = by_attr.pop(None, [None, None])
+        table[name] = (own[0], own[1], {a: tuple(p) for a, p in by_attr.items()} or None)
+    return table
+
+
+_IS_NODE: dict[type, bool] = {}
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = isinstance(value, cst.CSTNode)
+    return known
 
 
 def walk(root: cst.CSTNode, visitors: Sequence[cst.CSTVisitor]) -> None:
     """Run ``visitors`` (plain :class:`libcst.CSTVisitor` subclasses) over ``root`` in one pass."""
-    active = [(v, _hooks(v)) for v in visitors]
+    active = [(v, _table(type(v))) for v in visitors]
     if active:
         _visit(root, active)
 
 
 def _visit(node: cst.CSTNode, active: list) -> None:
     name = type(node).__name__
-    visit, leave = "visit_" + name, "leave_" + name
     below = []
-    for v in active:
-        fn = v[1].get(visit)
-        if fn is None or fn(node) is not False:
-            below.append(v)
+    hooked = []
+    for v, table in active:
+        hooks = table.get(name, _NONE)
+        fn = hooks[0]
+        if fn is None or fn(v, node) is not False:
+            below.append((v, table))
+            if hooks[2] is not None:
+                hooked.append((v, hooks[2]))
     if below:
-        for attr in child_attrs(node):
+        for attr in _ORDER.get(type(node)) or child_attrs(node):
             value = getattr(node, attr)
             if value is None and attr == "format_spec":
                 continue
-            va, la = f"{visit}_{attr}", f"{leave}_{attr}"
-            for v in below:
-                fn = v[1].get(va)
+            for v, attrs in hooked:
+                fn = attrs.get(attr, _NONE)[0]
                 if fn is not None:
-                    fn(node)
-            if isinstance(value, cst.CSTNode):
-                _visit(value, below)
-            elif isinstance(value, (tuple, list)):
+                    fn(v, node)
+            if type(value) is tuple or type(value) is list:
                 for child in value:
-                    if isinstance(child, cst.CSTNode):
+                    if _is_node(child):
                         _visit(child, below)
-            for v in below:
-                fn = v[1].get(la)
+            elif _is_node(value):
+                _visit(value, below)
+            for v, attrs in hooked:
+                fn = attrs.get(attr, _NONE)[1]
                 if fn is not None:
-                    fn(node)
-    for v in active:
-        fn = v[1].get(leave)
+                    fn(v, node)
+    for v, table in active:
+        fn = table.get(name, _NONE)[1]
         if fn is not None:
-            fn(node)
+            fn(v, node)
 
 
 def parents_of(root: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -119,14 +144,14 @@ def parents_of(root: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
         attrs = order.get(type(node)) or child_attrs(node)
         for attr in attrs:
             value = getattr(node, attr)
-            if isinstance(value, cst.CSTNode):
-                parents[value] = node
-                push(value)
-            elif isinstance(value, (tuple, list)):
+            if type(value) is tuple or type(value) is list:
                 for child in value:
-                    if isinstance(child, cst.CSTNode):
+                    if _is_node(child):
                         parents[child] = node
                         push(child)
+            elif _is_node(value):
+                parents[value] = node
+                push(value)
     return parents
 
 
@@ -138,7 +163,7 @@ def nodes(root: cst.CSTNode) -> Iterable[cst.CSTNode]:
         yield node
         for attr in child_attrs(node):
             value = getattr(node, attr)
-            if isinstance(value, cst.CSTNode):
+            if type(value) is tuple or type(value) is list:
+                stack.extend(c for c in value if _is_node(c))
+            elif _is_node(value):
                 stack.append(value)
-            elif isinstance(value, (tuple, list)):
-                stack.extend(c for c in value if isinstance(c, cst.CSTNode))

@@ -7,9 +7,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from ampkit.migrate._cst import dotted
+from ampkit.migrate._lines import start_lines
 from ampkit.migrate._walk import parents_of, walk
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ _VERSION_TEST = re.compile(
     r"__version__|\bTORCH_\w*(?:\d|VERSION|GREATER|LESS|AVAILABLE)|torch_version|version\.parse|parse_version"
     r"|LooseVersion|digit_version|is_torch_\w+|\b(?:has|get)attr\(\s*torch\b|\bHAS_\w*AMP"
     r"|\bhas_native_amp\b|\bversion\s*[<>=]", re.IGNORECASE)
+_AS_NAME = re.compile(r"([A-Za-z_]\w*)\s+as\s+([A-Za-z_]\w*)")
 # What a `try: new API` / `except ...:` fallback catches when the new API is missing.
 _FALLBACK_ERRORS = frozenset({"AttributeError", "TypeError", "ImportError", "ModuleNotFoundError", "NameError"})
 # target -> (vendor rewritten away, vendor written); "agnostic" swaps nothing.
@@ -35,8 +37,9 @@ VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 class Context:
     """Everything a rule may ask about the file being migrated. Built once per file."""
 
-    def __init__(self, module: cst.Module, *, target: str, filename: str) -> None:
+    def __init__(self, module: cst.Module, *, target: str, filename: str, source: str) -> None:
         self.module = module
+        self.source = source  # the text parsed
         self.target = target
         self.filename = filename
 
@@ -47,8 +50,8 @@ class Context:
     # Resolved on first use: the scope analysis behind qualified names costs more than parsing,
     # and a file that only the name-free rules look at never pays for it.
     @cached_property
-    def _pos(self):
-        return self.wrapper.resolve(PositionProvider)
+    def _lines(self) -> dict[cst.CSTNode, int]:
+        return start_lines(self.module, self.source)
 
     @cached_property
     def _parents(self):
@@ -60,7 +63,7 @@ class Context:
 
     # metadata
     def line(self, node: cst.CSTNode) -> int:
-        return self._pos[node].start.line
+        return self._lines[node]
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self._parents.get(node)
@@ -105,9 +108,32 @@ class Context:
         check, so a rule that needs only this never pays for the scope analysis behind qualified names."""
         return isinstance(node, cst.Name) and node.value == self.torch_name
 
+    @cached_property
+    def _aliases(self) -> dict[str, set[str]]:
+        """Name bound with ``as`` -> the last part of what it names (``S`` -> ``GradScaler`` for ``from
+        torch.amp import GradScaler as S``). Textual, so a superset: ``with ... as f`` and prose count too."""
+        found: dict[str, set[str]] = {}
+        for original, alias in _AS_NAME.findall(self.source):
+            found.setdefault(alias, set()).add(original)
+        return found
+
+    def maybe(self, node: cst.BaseExpression, *last_names: str) -> bool:
+        """Whether ``node`` could resolve to a qualified name ending in one of ``last_names``: written
+        so, or a name bound by ``as`` to one of them. A syntactic check, so a rule asks for qualified
+        names (the costly scope analysis) only where the answer may be yes."""
+        if isinstance(node, cst.Attribute):  # a qualified name ends in the attribute as written
+            return node.attr.value in last_names
+        if isinstance(node, cst.Name):
+            return node.value in last_names or not self._aliases.get(node.value, set()).isdisjoint(last_names)
+        return False
+
     def callee(self, func: cst.BaseExpression) -> str | None:
         """The name a call really calls: ``GradScaler`` for ``Scaler()`` after
         ``from torch.amp import GradScaler as Scaler``; else the written last name."""
+        if isinstance(func, cst.Attribute):
+            return func.attr.value  # a qualified name ends in the attribute as written
+        if isinstance(func, cst.Name) and func.value not in self._aliases:
+            return func.value  # not an alias: the name it resolves to ends in the name written
         for q in self.qnames(func):
             if q.startswith("torch."):
                 return q.rsplit(".", 1)[1]

@@ -193,7 +193,7 @@ class DeviceResolver:
                 "torch.device" in self.ctx.qnames(b.annotation)
         value = b.value
         if isinstance(value, cst.Call):
-            return "torch.device" in self.ctx.qnames(value.func)
+            return self.ctx.maybe(value.func, "device") and "torch.device" in self.ctx.qnames(value.func)
         return isinstance(value, cst.Attribute) and value.attr.value == "device"
 
 

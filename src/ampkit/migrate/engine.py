@@ -137,7 +137,7 @@ def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: 
     code = code[: len(code) - len(tail)]
     rules = _rules(code, target, selected)
     module = _parse(code, filename)
-    ctx = Context(module, target=target, filename=filename)
+    ctx = Context(module, target=target, filename=filename, source=code)
     findings: list[Finding] = []
     replacements: dict[cst.CSTNode, list[Replacement]] = {}
     active = [rule_cls(ctx) for rule_cls in rules if rule_cls.applies(ctx)]

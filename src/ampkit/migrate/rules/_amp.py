@@ -17,7 +17,7 @@ SCALERS = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
 
 def scaler_without_device(rule: Rule, node: cst.Call) -> bool:
     """``torch.amp.GradScaler(...)`` given no device: no positional argument, no ``device=``, no ``*``/``**``."""
-    if not rule.ctx.qnames(node.func) & SCALERS:
+    if not rule.ctx.maybe(node.func, "GradScaler") or not rule.ctx.qnames(node.func) & SCALERS:
         return False
     return not any(a.keyword is None or a.star or a.keyword.value == "device" for a in node.args)
 

@@ -22,6 +22,7 @@ __all__ = ["HardCodedDeviceRule"]
 _NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", *SCALERS,
             "torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
             "torch.amp.autocast_mode.custom_bwd"}
+_NEW_NAMES = tuple({name.rsplit(".", 1)[1] for name in _NEW_API})
 
 
 class HardCodedDeviceRule(Rule):
@@ -33,7 +34,7 @@ class HardCodedDeviceRule(Rule):
         return ctx.target == "agnostic"
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not _NEW_API.intersection(self.ctx.qnames(node.func)):
+        if not self.ctx.maybe(node.func, *_NEW_NAMES) or not _NEW_API.intersection(self.ctx.qnames(node.func)):
             return
         if scaler_without_device(self, node):
             if not self.ctx.in_fallback(node):

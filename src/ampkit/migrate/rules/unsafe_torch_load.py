@@ -32,7 +32,7 @@ class UnsafeTorchLoadRule(Rule):
     pattern = r"torch\s*\.\s*load\b|import\b[^\n]*\bload\b|\bimport\s+torch\s+as\b"
 
     def visit_Call(self, node: cst.Call) -> None:
-        if "torch.load" not in self.ctx.qnames(node.func):
+        if not self.ctx.maybe(node.func, "load") or "torch.load" not in self.ctx.qnames(node.func):
             return
         given = kwarg(node, "weights_only")
         if given is not None and dotted(given.value) != "False":
