@@ -20,7 +20,7 @@ from ampkit.migrate._walk import walk
 if TYPE_CHECKING:
     from ampkit.migrate.context import Context
 
-__all__ = ["AmpRef", "AmpRefs", "analyse", "APIS", "OLD_API"]
+__all__ = ["AmpRef", "AmpRefs", "analyse", "refs_of", "APIS", "OLD_API"]
 
 APIS = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
 OLD_API = re.compile(r"torch\.(cuda|cpu|musa)\.amp(?:\.(.+))?")
@@ -204,3 +204,8 @@ def analyse(ctx: "Context") -> AmpRefs:
             r = replace(r, rewrite=False)
         result.refs.append(r)
     return result
+
+
+def refs_of(ctx: "Context") -> AmpRefs:
+    """The file's AMP references, analysed once per file."""
+    return ctx.analysis(analyse)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Callable, TypeVar
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
@@ -13,11 +13,9 @@ from ampkit.migrate._cst import dotted
 from ampkit.migrate._lines import start_lines
 from ampkit.migrate._walk import parents_of, walk
 
-if TYPE_CHECKING:
-    from ampkit.migrate.amp_refs import AmpRefs
-    from ampkit.migrate.device_resolve import DeviceResolver
+T = TypeVar("T")
 
-__all__ = ["Context", "TARGETS", "VENDOR_SWAP"]
+__all__ = ["Context", "TARGETS", "VENDOR_SWAP", "DEFAULT_MUSA_VERSION", "parse_musa_version"]
 
 TARGETS = ("agnostic", "cuda", "musa")
 # A test that picks code by torch version or by feature: the code under it is a compatibility
@@ -30,6 +28,10 @@ _VERSION_TEST = re.compile(
 _AS_NAME = re.compile(r"([A-Za-z_]\w*)\s+as\s+([A-Za-z_]\w*)")
 # What a `try: new API` / `except ...:` fallback catches when the new API is missing.
 _FALLBACK_ERRORS = frozenset({"AttributeError", "TypeError", "ImportError", "ModuleNotFoundError", "NameError"})
+# The torch_musa release assumed when --musa-version is not given: releases from 2.1 on load
+# themselves with torch (an entry point), so no `import torch_musa` is added; older ones need it.
+DEFAULT_MUSA_VERSION = (2, 7)
+AUTOLOAD_MUSA_VERSION = (2, 1)
 # target -> (vendor rewritten away, vendor written); "agnostic" swaps nothing.
 VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 
@@ -37,9 +39,14 @@ VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 class Context:
     """Everything a rule may ask about the file being migrated. Built once per file."""
 
-    def __init__(self, module: cst.Module, *, target: str, filename: str, source: str) -> None:
+    def __init__(self, module: cst.Module, *, target: str, filename: str, source: str,
+                 musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> None:
         self.module = module
         self.source = source  # the text parsed
+        #: the torch_musa release the ported code will run on (``--musa-version``)
+        self.musa_version = musa_version
+        self._analyses: dict[object, object] = {}
+        self._fallback: dict[cst.CSTNode, bool] = {}
         self.target = target
         self.filename = filename
 
@@ -149,15 +156,24 @@ class Context:
         conditional expression) that tests the torch version or ``hasattr(torch...)``, or in an
         ``except AttributeError/TypeError/ImportError`` branch. Such code serves old torch on
         purpose; rewriting it to the new API breaks exactly the case it exists for."""
-        child, parent = node, self.parent(node)
+        seen: list[cst.CSTNode] = []
+        child, parent, answer = node, self.parent(node), False
         while parent is not None:
+            if child in self._fallback:
+                answer = self._fallback[child]
+                break
+            seen.append(child)
             if isinstance(parent, (cst.If, cst.IfExp)) and _VERSION_TEST.search(self.code(parent.test)):
-                return True
+                answer = True
+                break
             if isinstance(parent, cst.ExceptHandler) and child is parent.body and \
                     _catches_missing_api(parent.type):
-                return True
+                answer = True
+                break
             child, parent = parent, self.parent(parent)
-        return False
+        for n in seen:  # every node on the way up has the same answer (memoised: asked per string)
+            self._fallback[n] = answer
+        return answer
 
     # the file's conventions
     @cached_property
@@ -212,18 +228,18 @@ class Context:
         return swap[1] if swap and device_type == swap[0] else device_type
 
     # analyses, built on first use
-    @cached_property
-    def amp_refs(self) -> "AmpRefs":
-        from ampkit.migrate.amp_refs import analyse
+    def analysis(self, build: Callable[["Context"], T]) -> T:
+        """``build(self)``, computed once per file (the AMP references, the device resolver): the
+        analyses import this module, never the reverse."""
+        if build not in self._analyses:
+            self._analyses[build] = build(self)
+        return self._analyses[build]  # type: ignore[return-value]
 
-        return analyse(self)
 
-    @cached_property
-    def devices(self) -> "DeviceResolver":
-        from ampkit.migrate.device_resolve import DeviceResolver
-
-        return DeviceResolver(self)
-
+def parse_musa_version(text: str) -> tuple[int, int] | None:
+    """``"2.0.1"`` -> ``(2, 0)``; None when ``text`` is not a version."""
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:\.?(?:post|rc|dev)\d*)?", text.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _catches_missing_api(kind: cst.BaseExpression | None) -> bool:

@@ -20,7 +20,7 @@ from ampkit.migrate._walk import walk
 if TYPE_CHECKING:
     from ampkit.migrate.context import Context
 
-__all__ = ["DeviceChoice", "DeviceResolver", "NEW_DEFAULT_DTYPE", "OLD_DEFAULT_DTYPE"]
+__all__ = ["DeviceChoice", "DeviceResolver", "devices_of", "NEW_DEFAULT_DTYPE", "OLD_DEFAULT_DTYPE"]
 
 # Looked up in this order; ``*_type`` names hold a device-type string by convention (nanoGPT).
 DEVICE_NAMES = ("device_type", "DEVICE_TYPE", "device", "DEVICE")
@@ -203,3 +203,8 @@ def _is_bare_device_string(value: cst.BaseExpression | None) -> bool:
         return _is_bare_device_string(value.body) and _is_bare_device_string(value.orelse)
     text = string_value(value)
     return text is not None and ":" not in text and device_type_of(text) is not None
+
+
+def devices_of(ctx: "Context") -> DeviceResolver:
+    """The file's device resolver, built once per file."""
+    return ctx.analysis(DeviceResolver)
