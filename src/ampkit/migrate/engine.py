@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ampkit.errors import AmpkitError, UsageError, first_line
-from ampkit.migrate.context import TARGETS, Context
+from ampkit.migrate.context import DEFAULT_MUSA_VERSION, TARGETS, Context, parse_musa_version
 from ampkit.migrate._walk import walk
 from ampkit.migrate.findings import CODES, Finding
 from ampkit.migrate.rules import RULES
 from ampkit.migrate.rules.base import Replacement
 
-__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options", "may_match"]
+__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options", "may_match", "musa_version_of"]
 
 
 class SourceSyntaxError(UsageError):
@@ -108,8 +108,18 @@ class _Apply(cst.CSTTransformer):
         return updated_node
 
 
+def musa_version_of(text: str | None) -> tuple[int, int]:
+    """``--musa-version`` -> ``(major, minor)``; the default (:data:`DEFAULT_MUSA_VERSION`) for None."""
+    if text is None:
+        return DEFAULT_MUSA_VERSION
+    version = parse_musa_version(text)
+    if version is None:
+        raise UsageError(f"--musa-version {text!r} is not a version; give the torch_musa release, e.g. 2.0 or 2.7.1")
+    return version
+
+
 def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str] | None = None,
-                   filename: str = "<string>") -> MigrateResult:
+                   filename: str = "<string>", musa_version: str | None = None) -> MigrateResult:
     """Migrate one module's source.
 
     >>> r = migrate_source("import torch\\ns = torch.cuda.amp.GradScaler()\\n")
@@ -121,8 +131,9 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
     rule fails on it); the message is one line that names the file.
     """
     selected = check_options(target, select)
+    version = musa_version_of(musa_version)
     try:
-        return _migrate(code, target, selected, filename)
+        return _migrate(code, target, selected, filename, version)
     except RecursionError:
         # Python's own compiler, libcst's metadata and the visitors all recurse per nesting level;
         # a long chain of implicitly concatenated strings (pydoc_data/topics.py) is enough.
@@ -131,13 +142,14 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
         raise AmpkitError(f"{filename}: out of memory while analysing; left untouched") from None
 
 
-def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: str) -> MigrateResult:
+def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: str,
+             musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> MigrateResult:
     # libcst drops a final lone "\r" (an old Mac line end) that Python reads as a newline: keep it aside.
     tail = "\r" if code.endswith("\r") else ""
     code = code[: len(code) - len(tail)]
     rules = _rules(code, target, selected)
     module = _parse(code, filename)
-    ctx = Context(module, target=target, filename=filename, source=code)
+    ctx = Context(module, target=target, filename=filename, source=code, musa_version=musa_version)
     findings: list[Finding] = []
     replacements: dict[cst.CSTNode, list[Replacement]] = {}
     active = [rule_cls(ctx) for rule_cls in rules if rule_cls.applies(ctx)]

@@ -21,6 +21,8 @@ PORT_KINDS = {
     "vendor check": "tests for the CUDA vendor (torch.version.cuda, is_nccl_available, a .cuda(index))",
     "framework name": "a framework's accelerator name (Lightning's accelerator=\"cuda\"/\"gpu\")",
     "no twin": "a torch.cuda function torch.musa does not have",
+    "device index": "a .cuda(x) whose argument may be an index or a device",
+    "backend": "a collective backend left as is because no device in the file moves",
 }
 
 

@@ -4,7 +4,8 @@ a scaler helper such as timm's ``loss_scaler(loss, optimizer, ...)``).
 
 Each one makes the host wait for the device every step, so the GPU idles while Python catches
 up. The same call under ``if step % N == 0`` runs every N steps and is fine, and so is one on an
-error path that ends the run (a block ending in ``raise`` or ``sys.exit``).
+error path that ends the run (a block ending in ``raise`` or ``sys.exit``), and so is a CPU-only
+script (one that names no accelerator or device at all): there is no device to wait for.
 """
 
 from __future__ import annotations
@@ -73,7 +74,11 @@ def _has_modulo(node: cst.CSTNode) -> bool:
 
 class HostSyncPerStepRule(Rule):
     codes = ("host-sync-per-step",)
-    tokens = ((".item()", "isfinite(", "isnan(", "isinf("), (".backward(", ".step(", "scaler", "Scaler"))
+    # The third group: a CPU-only script (pytorch/examples' regression) has no device to wait for. A
+    # file that names no accelerator, device, launcher framework or AMP scaler is not looked at.
+    tokens = ((".item()", "isfinite(", "isnan(", "isinf("), (".backward(", ".step(", "scaler", "Scaler"),
+              ("cuda", "musa", "device", "gpu", "GPU", "xpu", "mps", "npu", "ccelerat", "abric", "DataParallel",
+               "scaler", "Scaler", "autocast"))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
