@@ -25,6 +25,9 @@ _VERSION_TEST = re.compile(
     r"__version__|\bTORCH_\w*(?:\d|VERSION|GREATER|LESS|AVAILABLE)|torch_version|version\.parse|parse_version"
     r"|LooseVersion|digit_version|is_torch_\w+|\b(?:has|get)attr\(\s*torch\b|\bHAS_\w*AMP"
     r"|\bhas_native_amp\b|\bversion\s*[<>=]", re.IGNORECASE)
+_STAR_IMPORT = re.compile(r"\bimport\s*\*")
+_FROM_TORCH = re.compile(r"^[ \t]*from\s+torch(?:\.\w+)*\s+import\s+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+_IMPORT_TORCH_AS = re.compile(r"\bimport\s+torch(?:\.\w+)*\s+as\s+(\w+)")
 _AS_NAME = re.compile(r"([A-Za-z_]\w*)\s+as\s+([A-Za-z_]\w*)")
 # What a `try: new API` / `except ...:` fallback catches when the new API is missing.
 _FALLBACK_ERRORS = frozenset({"AttributeError", "TypeError", "ImportError", "ModuleNotFoundError", "NameError"})
@@ -76,6 +79,13 @@ class Context:
         return self._parents.get(node)
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
+        if isinstance(node, cst.Attribute) and self.torch_name is not None:
+            # torch.amp.autocast written through the module's own torch name: the qualified name is the
+            # text itself (the assumption is_torch makes), no scope analysis needed
+            name = dotted(node)
+            head, _, rest = (name or "").partition(".")
+            if head == self.torch_name and rest and self._imported_torch == self.torch_name:
+                return {f"torch.{rest}"}
         value = self._qn.get(node)
         if value is None:
             return set()
@@ -116,7 +126,7 @@ class Context:
         return isinstance(node, cst.Name) and node.value == self.torch_name
 
     @cached_property
-    def _aliases(self) -> dict[str, set[str]]:
+    def aliases(self) -> dict[str, set[str]]:
         """Name bound with ``as`` -> the last part of what it names (``S`` -> ``GradScaler`` for ``from
         torch.amp import GradScaler as S``). Textual, so a superset: ``with ... as f`` and prose count too."""
         found: dict[str, set[str]] = {}
@@ -124,14 +134,38 @@ class Context:
             found.setdefault(alias, set()).add(original)
         return found
 
+    @cached_property
+    def _torch_roots(self) -> frozenset[str] | None:
+        """The names through which code can reach torch: ``torch``, its alias, names imported from a
+        ``torch...`` module, ``import torch.x as y`` aliases. None (anything may) after a star import."""
+        if _STAR_IMPORT.search(self.source):
+            return None
+        roots = {"torch", *(self.torch_name and [self.torch_name] or [])}
+        for names in _FROM_TORCH.findall(self.source):
+            for part in names.strip("()").replace("\\", " ").split(","):
+                words = part.split("#")[0].split()
+                if words:
+                    roots.add(words[-1])  # `a` or the `b` of `a as b`
+        roots.update(_IMPORT_TORCH_AS.findall(self.source))
+        return frozenset(roots)
+
     def maybe(self, node: cst.BaseExpression, *last_names: str) -> bool:
-        """Whether ``node`` could resolve to a qualified name ending in one of ``last_names``: written
-        so, or a name bound by ``as`` to one of them. A syntactic check, so a rule asks for qualified
-        names (the costly scope analysis) only where the answer may be yes."""
+        """Whether ``node`` could resolve to a torch qualified name ending in one of ``last_names``: written
+        so and reaching torch through its first name (``torch.amp.GradScaler``, ``GradScaler`` imported
+        from torch), or a name bound by ``as`` to one of them. A syntactic check, so a rule asks for
+        qualified names (the costly scope analysis) only where the answer may be yes; never a false "no"
+        (``accelerator.autocast()`` is a "no": ``accelerator`` does not come from torch)."""
+        roots = self._torch_roots
         if isinstance(node, cst.Attribute):  # a qualified name ends in the attribute as written
-            return node.attr.value in last_names
+            if node.attr.value not in last_names:
+                return False
+            while isinstance(node, cst.Attribute):
+                node = node.value
+            return roots is None or not isinstance(node, cst.Name) or node.value in roots
         if isinstance(node, cst.Name):
-            return node.value in last_names or not self._aliases.get(node.value, set()).isdisjoint(last_names)
+            if not self.aliases.get(node.value, set()).isdisjoint(last_names):
+                return True
+            return node.value in last_names and (roots is None or node.value in roots)
         return False
 
     def callee(self, func: cst.BaseExpression) -> str | None:
@@ -139,7 +173,7 @@ class Context:
         ``from torch.amp import GradScaler as Scaler``; else the written last name."""
         if isinstance(func, cst.Attribute):
             return func.attr.value  # a qualified name ends in the attribute as written
-        if isinstance(func, cst.Name) and func.value not in self._aliases:
+        if isinstance(func, cst.Name) and func.value not in self.aliases:
             return func.value  # not an alias: the name it resolves to ends in the name written
         for q in self.qnames(func):
             if q.startswith("torch."):
