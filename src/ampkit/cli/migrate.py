@@ -51,7 +51,7 @@ def register(sub, formatter_class):
                    help="comma-separated finding codes to check and fix; all when not given")
     p.add_argument("--json", action="store_true",
                    help="print a JSON list on stdout, one object per file: path, changed, written, analysed, "
-                        "error, diff, findings [{code, message, where, line, fix, rewritten}]")
+                        "error, diff, findings [{code, message, where, line, fix, rewritten, kind}]")
     p.add_argument("--musa-version", default=None, metavar="VERSION",
                    help=f"with --target musa: the torch_musa release the code will run on (default "
                         f"{DEFAULT_MUSA_VERSION}); before 2.1 torch_musa does not load itself, so files that now "
