@@ -16,7 +16,7 @@ from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, d
 
 from faults import FAULTS, Faults  # noqa: E402
 
-from ampkit.trainer import TrainConfig, train  # noqa: E402
+from ampkit.training.trainer import TrainConfig, train  # noqa: E402
 
 STEPS, INF_AT, MORE = 6, 3, 9  # 2-rank runs train 6 steps; resumed runs continue to 9
 
@@ -85,7 +85,7 @@ def test_two_ranks_match_one_process_and_skip_together(runs, reference, strategy
 def test_fsdp_checkpoint_resumes_on_one_and_two_ranks(runs, reference, tmp_path):
     p, out, _ = runs("fsdp", "fp32")
     assert p.returncode == 0, p.stderr[-3000:]
-    ckpts = sorted(x.name for x in (out / "checkpoints").iterdir())
+    ckpts = sorted(x.name for x in (out / "checkpoints").glob("step-*"))
     assert ckpts == ["step-00000003.dcp", "step-00000006.dcp"]
     want = reference("fp32")[STEPS:MORE]
 

@@ -1,4 +1,4 @@
-"""Everything a run is made of, built once from its :class:`~ampkit.trainer.TrainConfig`: device and
+"""Everything a run is made of, built once from its :class:`~ampkit.training.TrainConfig`: device and
 process group, precision, task, model (wrapped for DDP/FSDP2), optimizer, LR scheduler, engine,
 checkpoints and callbacks."""
 
@@ -7,24 +7,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ampkit.checkpoint import prepare_folder
-from ampkit.checkpoint_dcp import RunCheckpoints
+from ampkit.checkpoint.dcp import RunCheckpoints
 from ampkit.device import Device
 from ampkit.distributed import DistContext, shard_batch, unwrap, wrap_model
 from ampkit.engine import MixedPrecision
 from ampkit.errors import UsageError
-from ampkit.policy import Precision, resolve_precision
-from ampkit.regions import FP32Regions
+from ampkit.device.policy import Precision, resolve_precision
+from ampkit.engine.regions import FP32Regions
 from ampkit.tasks import Task, load_task
 from ampkit.training.callbacks import load_callbacks
-
-if TYPE_CHECKING:
-    from ampkit.trainer import TrainConfig
+from ampkit.training.config import TrainConfig
+from ampkit.training.record import refuse_existing_run
 
 __all__ = ["Run", "build_run", "make_optimizer"]
 
@@ -33,7 +32,7 @@ __all__ = ["Run", "build_run", "make_optimizer"]
 class Run:
     """The live objects of one run on this process."""
 
-    config: "TrainConfig"
+    config: TrainConfig
     ctx: DistContext | None
     device: Device
     precision: Precision
@@ -85,7 +84,7 @@ def make_optimizer(model: nn.Module, task: Task, device: Device, *, lr: float | 
     return torch.optim.AdamW(model.parameters(), lr=lr or task.lr, weight_decay=task.weight_decay, **kwargs)
 
 
-def _strategy(config: "TrainConfig", ctx: DistContext | None, notes: list[str]) -> str | None:
+def _strategy(config: TrainConfig, ctx: DistContext | None, notes: list[str]) -> str | None:
     strategy = config.strategy
     if ctx is not None and strategy is None and ctx.world_size > 1:
         strategy = "ddp"
@@ -107,7 +106,7 @@ def _batch_fn(task: Task, ctx: DistContext | None) -> Callable[[int], Any]:
     return batch
 
 
-def graph_blocker(config: "TrainConfig", ctx: DistContext | None, task: Task, callbacks: list[Any],
+def graph_blocker(config: TrainConfig, ctx: DistContext | None, task: Task, callbacks: list[Any],
                   device: Device) -> str | None:
     """Why this run's step cannot be recorded as one device graph, in a few words; None when it can be
     tried (the loop still checks for host syncs in the model before capture and falls back if it finds one)."""
@@ -128,17 +127,46 @@ def graph_blocker(config: "TrainConfig", ctx: DistContext | None, task: Task, ca
     return None
 
 
-def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *, task: Task | None,
+def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Module, precision: Precision,
+         *, auto: bool, notes: list[str]) -> Precision:
+    """The run's FP8 decision (once, before any wrapper): converts the layers that pay and returns the run's
+    precision (``auto`` may become FP8; an explicit fp8 no layer pays for is refused). Train steps run eagerly
+    (or as a step graph), so the eager cost model decides."""
+    if precision.name != "fp8" and not (auto and precision.name == "bf16"):
+        return precision
+    from ampkit.engine.fp8 import convert
+    from ampkit.engine.fp8_choice import choose_fp8
+
+    rows = task.tokens_per_batch or task.samples_per_batch
+    world = ctx.world_size if ctx is not None else 1
+    tokens = max(1, rows // world)
+    # Several processes would each probe (or race on the cache) and could decide apart: every rank must
+    # convert the same layers, so they all choose by shape, and auto keeps BF16.
+    lookup = None if world == 1 else (lambda *_: (None, f"{world} processes decide alike without the cost model"))
+    choice = choose_fp8(model, precision, auto=auto, recipe=config.fp8_recipe, tokens=tokens, mode="eager",
+                        layers=config.fp8_layers, lookup=lookup)
+    if choice.report is not None:
+        # torchao's Float8Linear in place of the chosen nn.Linear layers (same Parameters).
+        convert(model, chosen=choice.report)
+    if choice.note:
+        notes.append(choice.note)
+    return choice.precision
+
+
+def build_run(config: TrainConfig, ctx: DistContext | None, device: Device, *, task: Task | None,
               precision: Precision | None) -> Run:
     if ctx is not None:
         device = ctx.device
         if precision is not None and precision.device != device:
             precision = dataclasses.replace(precision, device=device)
     out = Path(config.out) if config.out else None
+    if out is not None:  # every rank: a refusal must not leave the others waiting at the barrier
+        refuse_existing_run(out, resume=config.resume or (ctx is not None and ctx.restart_count > 0))
     if (ctx is None or ctx.is_main) and out is not None:
         prepare_folder(out)
     if ctx is not None:
         ctx.barrier()  # rank 0 made --out
+    auto = precision is None and config.precision == "auto"  # only ampkit's own auto may turn into FP8
     precision = precision or resolve_precision(config.precision, device, tf32=config.tf32)
     device.manual_seed(config.seed)
     task = task or load_task(config.task, seed=config.seed, options=config.task_options,
@@ -148,11 +176,7 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
     notes: list[str] = []
     strategy = _strategy(config, ctx, notes)
     model = task.model.to(device.torch_device)
-    if precision.name == "fp8":
-        # torchao's Float8Linear in place of the chosen nn.Linear layers, before any wrapper (same Parameters).
-        from ampkit.fp8 import convert
-
-        notes.append(convert(model, recipe=config.fp8_recipe).summary())
+    precision = _fp8(config, ctx, task, model, precision, auto=auto, notes=notes)
     if config.fp32_modules and ctx is not None and strategy == "fsdp" and precision.is_low_precision:
         raise UsageError("--fp32-modules with --strategy fsdp is not supported yet (FSDP2 gathers every weight in "
                          f"{precision.name}, so an FP32 region would meet low-precision weights): use --strategy ddp")
