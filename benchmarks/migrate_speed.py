@@ -31,6 +31,7 @@ import sys
 import time
 import warnings
 
+import ampkit
 from ampkit.migrate import migrate_paths, migrate_source
 from ampkit.migrate.files import iter_python_files
 
@@ -120,9 +121,10 @@ def _dense(corpus: list[str], target: str, repeats: int, count: int) -> dict:
 
 
 def _commit() -> str:
+    """The commit of the ampkit being measured (the tree it is imported from)."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+                              check=True, cwd=os.path.dirname(os.path.abspath(ampkit.__file__))).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
