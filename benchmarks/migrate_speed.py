@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dense", type=int, default=20, help="how many AMP-dense files to time one by one")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (before/after, say)")
-    ap.add_argument("--out", default=None, help="append the result to this JSON file (a list of runs)")
+    ap.add_argument("--out", default=None, help="append the result to this JSON file's runs")
     args = ap.parse_args(argv)
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -148,14 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = json.dumps(record, indent=1)
     print(text)
-    if args.out:
-        runs = []
+    if args.out:  # {"kind": "migrate-speed", "runs": [...]}, the form render_benchmarks.py reads
+        data = {"kind": "migrate-speed", "benchmark": "benchmarks/migrate_speed.py", "runs": []}
         if os.path.exists(args.out):
             with open(args.out, encoding="utf-8") as fh:
-                runs = json.load(fh)
-        runs.append(record)
+                data = json.load(fh)
+        data["runs"].append(record)
+        data["git_commit"], data["date"] = record["commit"], record["date"]
         with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(runs, fh, indent=1)
+            json.dump(data, fh, indent=1)
             fh.write("\n")
     rep, dense = record["repository"]["ratio"]["median"], record["dense"]["ratio"]["median"]
     print(f"repository: {rep:.1f}x ast.parse; AMP-dense files: {dense:.1f}x", file=sys.stderr)
