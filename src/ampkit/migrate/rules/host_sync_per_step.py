@@ -5,7 +5,7 @@ a scaler helper such as timm's ``loss_scaler(loss, optimizer, ...)``).
 Each one makes the host wait for the device every step, so the GPU idles while Python catches
 up. The same call under ``if step % N == 0`` runs every N steps and is fine, and so is one on an
 error path that ends the run (a block ending in ``raise`` or ``sys.exit``), and so is a CPU-only
-script (one that names no accelerator or device at all): there is no device to wait for.
+script (one that runs on its own and names no accelerator or device at all): there is no device to wait for.
 """
 
 from __future__ import annotations
@@ -80,9 +80,11 @@ class HostSyncPerStepRule(Rule):
 
     @classmethod
     def applies(cls, ctx) -> bool:
-        # A CPU-only script (pytorch/examples' regression) has no device to wait for: a file that names
-        # no accelerator, device, launcher framework or AMP scaler is not looked at.
-        return any(word in ctx.source for word in _ON_A_DEVICE)
+        # A CPU-only script (pytorch/examples' regression) has no device to wait for: a script (a loop at
+        # module level, or `if __name__ == "__main__":`) that names no accelerator, device, launcher
+        # framework or AMP scaler is not looked at. A module of functions may get its model and device
+        # from another file, so it is.
+        return any(word in ctx.source for word in _ON_A_DEVICE) or not _is_script(ctx.module)
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -162,6 +164,12 @@ class HostSyncPerStepRule(Rule):
 
         walk(test, [_Find()])
         return found[0] if found else None
+
+
+def _is_script(module: cst.Module) -> bool:
+    """The file runs on its own: a loop at module level, or an ``if __name__ == "__main__":`` block."""
+    return any(isinstance(st, (cst.For, cst.While)) or
+               isinstance(st, cst.If) and "__name__" in module.code_for_node(st.test) for st in module.body)
 
 
 def _counter(loop: cst.For | cst.While) -> str:
