@@ -51,8 +51,11 @@ def kind_of(data: dict) -> str:
         return "sizes"  # benchmarks/digits_sizes.py: the main job at several model sizes
     if data.get("kind") == "verdict-calibration" and isinstance(data.get("tasks"), dict):
         return "calibration"  # benchmarks/verdict_calibration.py: how often the compare verdict is wrong
+
+    if data.get("kind") == "migrate-speed" and isinstance(data.get("runs"), list):
+        return "migrate"  # benchmarks/migrate_speed.py: CPU time of `ampkit migrate` against ast.parse
     raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json, "
-                      "the distributed summary or benchmarks/digits_sizes.py's)")
+                      "the distributed summary, benchmarks/digits_sizes.py's or benchmarks/migrate_speed.py's)")
 
 
 def _rel(path: Path) -> str:
@@ -281,6 +284,26 @@ def compare_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def migrate_section(files: list[dict]) -> list[str]:
+    """benchmarks/migrate_speed.py: `ampkit migrate` CPU time as a multiple of `ast.parse` (median, min-max)."""
+    lines = ["## `ampkit migrate` speed (`benchmarks/migrate_speed.py`)", "",
+             "CPU time (one process) of migrate over a whole folder, and of the 15 files densest in AMP code, as a "
+             "multiple of `ast.parse` of the same files: median (min-max) over the runs.", "",
+             "| run | commit | target | files / lines | folder CPU s | folder vs ast.parse | AMP-dense vs ast.parse | "
+             "runs | file |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def spread(stats: dict, unit: str = "x", digits: int = 1) -> str:
+        return f"{stats['median']:.{digits}f}{unit} ({stats['min']:.{digits}f}-{stats['max']:.{digits}f})"
+
+    for data in files:
+        for run in data["runs"]:
+            rep, dense = run["repository"], run["dense"]
+            lines.append(f"| {_cell(run.get('label'))} | `{run.get('commit')}` | {run.get('target')} | "
+                         f"{rep['files']} / {rep['lines']:,} | {spread(rep['migrate_cpu_s'], ' s')} | "
+                         f"{spread(rep['ratio'])} | {spread(dense['ratio'])} | {run.get('repeats')} | {data['_file']} |")
+    return lines
+
+
 def sizes_section(files: list[dict]) -> list[str]:
     """benchmarks/digits_sizes.py: the README's main job (`ampkit compare`, digits) at several model sizes."""
     sources = Sources()
@@ -448,6 +471,9 @@ def render(results: list[dict] | None = None) -> str:
         out += sizes_section(by_kind["sizes"]) + [""]
     if by_kind.get("calibration"):
         out += calibration_section(by_kind["calibration"]) + [""]
+
+    if by_kind.get("migrate"):
+        out += migrate_section(by_kind["migrate"]) + [""]
     if by_kind.get("distributed"):
         out += distributed_section(by_kind["distributed"]) + [""]
     if by_kind.get("doctor"):

@@ -16,7 +16,7 @@ CONTRACT = {
                 "--explain-budget", "--no-graph", "--tolerance", "--metric", "--metric-mode"],
     "audit": ["--task", "--precision", "--json", "--fp32-modules"],
     "diagnose": ["--steps", "--json", "--replay", "--fix-check"],
-    "migrate": ["--fix", "--target", "--select", "--json", "--jobs"],
+    "migrate": ["--fix", "--target", "--select", "--json", "--jobs", "--musa-version"],
     "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json", "--rounds"],
 }
 

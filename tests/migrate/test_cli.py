@@ -180,3 +180,67 @@ def test_missing_path_is_one_line(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real_world"
+
+
+def _copy(tmp_path: Path, *names: str) -> Path:
+    for name in names:
+        _write(tmp_path / f"{name}.py", (FIXTURES / f"{name}.in.py").read_text())
+    return tmp_path
+
+
+def test_target_musa_says_what_could_not_port(tmp_path, capsys):
+    folder = _copy(tmp_path, "yolox_device_count_to_musa", "litgpt_fabric_to_musa", "dcgan_is_cuda_to_musa")
+    assert main(["migrate", "--target", "musa", str(folder)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    counting = [line for line in lines if line.startswith("could not port (device counting)")]
+    framework = [line for line in lines if line.startswith("could not port (framework name)")]
+    assert counting == [f"could not port (device counting): 2 in 1 file(s): {folder / 'yolox_device_count_to_musa.py'}:"
+                        f"10, {folder / 'yolox_device_count_to_musa.py'}:14"]
+    assert len(framework) == 1 and framework[0].startswith("could not port (framework name): 2 in 1 file(s): ")
+    assert any(line.startswith("torch_musa 2.7 (the default; --musa-version to change): no `import torch_musa`")
+               for line in lines)
+
+
+def test_musa_version_before_2_1_adds_import_torch_musa(tmp_path, capsys):
+    folder = _copy(tmp_path, "musa_tutorial_bert_musa_2_0")
+    path = folder / "musa_tutorial_bert_musa_2_0.py"
+    assert main(["migrate", "--target", "musa", "--musa-version", "2.0", "--fix", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "torch_musa 2.0 (--musa-version): `import torch_musa` added to 1 file(s)" in err
+    assert "import torch\nimport torch_musa  # torch_musa < 2.1 does not load itself\n" in path.read_text()
+    assert main(["migrate", "--target", "musa", "--musa-version", "2.0", str(folder)]) == 0  # idempotent
+
+
+def test_agnostic_prints_no_port_summary(tmp_path, capsys):
+    folder = _copy(tmp_path, "yolox_device_count_to_musa")
+    main(["migrate", str(folder)])
+    assert "could not port" not in capsys.readouterr().err
+
+
+def test_bad_musa_version_is_one_line(tmp_path):
+    folder = _copy(tmp_path, "musa_tutorial_bert_musa_2_0")
+    proc = subprocess.run([sys.executable, "-m", "ampkit", "migrate", "--target", "musa", "--musa-version", "two",
+                           str(folder)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "ampkit migrate: error: --musa-version 'two' is not a version; give the torch_musa release, e.g. 2.0 or 2.7.1"]
+
+
+def test_cli_musa_defaults_match_library():
+    from ampkit.cli import migrate as cli
+    from ampkit.migrate.context import AUTOLOAD_MUSA_VERSION, DEFAULT_MUSA_VERSION, parse_musa_version
+
+    assert parse_musa_version(cli.DEFAULT_MUSA_VERSION) == DEFAULT_MUSA_VERSION
+    assert parse_musa_version(cli.AUTOLOAD_MUSA_VERSION) == AUTOLOAD_MUSA_VERSION
+
+
+def test_json_findings_carry_the_kind(tmp_path, capsys):
+    import json
+
+    folder = _copy(tmp_path, "litgpt_fabric_to_musa")
+    main(["migrate", "--target", "musa", "--json", str(folder)])
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert [f["kind"] for f in entry["findings"]] == ["framework name", "framework name"]

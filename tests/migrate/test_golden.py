@@ -1,7 +1,8 @@
 """Golden tests: every ``fixtures/**/NAME.in.py`` migrates to ``NAME.out.py`` with the findings in
 ``NAME.findings.txt`` (``line:code`` per line).
 
-A first line ``# ampkit-migrate: --target musa`` (or ``--select CODES``) sets the options.
+A first line ``# ampkit-migrate: --target musa`` (or ``--select CODES``, ``--musa-version 2.0``) sets the
+options.
 Regenerate after an intended change with ``UPDATE_GOLDEN=1 python -m pytest tests/migrate`` and
 review the diff of the goldens.
 """
@@ -32,8 +33,10 @@ def options(source: str) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", default="agnostic")
     parser.add_argument("--select", default=None)
+    parser.add_argument("--musa-version", default=None)
     ns = parser.parse_args(shlex.split(first[len(_DIRECTIVE):]))
-    return {"target": ns.target, "select": ns.select.split(",") if ns.select else None}
+    return {"target": ns.target, "select": ns.select.split(",") if ns.select else None,
+            "musa_version": ns.musa_version}
 
 
 def findings_text(findings) -> str:

@@ -215,7 +215,7 @@ def test_json_output_schema(tmp_path, capsys):
     assert a["diff"].startswith(f"--- {good}\n")
     assert {f["code"] for f in a["findings"]} == {"deprecated-amp-api", "unsafe-torch-load"}
     for f in a["findings"]:
-        assert set(f) == {"code", "message", "where", "line", "fix", "rewritten"}
+        assert set(f) == {"code", "message", "where", "line", "fix", "rewritten", "kind"}
         assert f["where"] == f"{good}:{f['line']}"
     assert b["error"].startswith(f"{bad}:2: does not parse") and b["findings"] == [] and b["diff"] == ""
 

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ampkit.migrate._cst import dotted
+from ampkit.migrate._walk import walk
 
 if TYPE_CHECKING:
     from ampkit.migrate.context import Context
 
-__all__ = ["AmpRef", "AmpRefs", "analyse", "APIS", "OLD_API"]
+__all__ = ["AmpRef", "AmpRefs", "analyse", "refs_of", "APIS", "OLD_API"]
 
 APIS = ("autocast", "GradScaler", "custom_fwd", "custom_bwd")
 OLD_API = re.compile(r"torch\.(cuda|cpu|musa)\.amp(?:\.(.+))?")
@@ -177,9 +178,9 @@ def _rewritable(api: str, call: cst.Call | None, decorator: bool) -> bool:
 def analyse(ctx: "Context") -> AmpRefs:
     """Find the references and decide which imports move."""
     imports = _Imports(ctx)
-    ctx.module.visit(imports)
+    walk(ctx.module, [imports])
     finder = _Refs(ctx, imports)
-    ctx.module.visit(finder)
+    walk(ctx.module, [finder])
     stuck_locals = {r.binding for r in finder.refs if r.binding and not r.rewrite}
     changed = True
     while changed:  # an import that cannot move pins every name it binds, and vice versa
@@ -203,3 +204,8 @@ def analyse(ctx: "Context") -> AmpRefs:
             r = replace(r, rewrite=False)
         result.refs.append(r)
     return result
+
+
+def refs_of(ctx: "Context") -> AmpRefs:
+    """The file's AMP references, analysed once per file."""
+    return ctx.analysis(analyse)

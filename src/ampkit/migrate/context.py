@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Callable, TypeVar
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from ampkit.migrate._cst import dotted
+from ampkit.migrate._lines import start_lines
+from ampkit.migrate._walk import parents_of, walk
 
-if TYPE_CHECKING:
-    from ampkit.migrate.amp_refs import AmpRefs
-    from ampkit.migrate.device_resolve import DeviceResolver
+T = TypeVar("T")
 
-__all__ = ["Context", "TARGETS", "VENDOR_SWAP"]
+__all__ = ["Context", "TARGETS", "VENDOR_SWAP", "DEFAULT_MUSA_VERSION", "parse_musa_version"]
 
 TARGETS = ("agnostic", "cuda", "musa")
 # A test that picks code by torch version or by feature: the code under it is a compatibility
@@ -25,8 +25,16 @@ _VERSION_TEST = re.compile(
     r"__version__|\bTORCH_\w*(?:\d|VERSION|GREATER|LESS|AVAILABLE)|torch_version|version\.parse|parse_version"
     r"|LooseVersion|digit_version|is_torch_\w+|\b(?:has|get)attr\(\s*torch\b|\bHAS_\w*AMP"
     r"|\bhas_native_amp\b|\bversion\s*[<>=]", re.IGNORECASE)
+_STAR_IMPORT = re.compile(r"\bimport\s*\*")
+_FROM_TORCH = re.compile(r"^[ \t]*from\s+torch(?:\.\w+)*\s+import\s+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+_IMPORT_TORCH_AS = re.compile(r"\bimport\s+torch(?:\.\w+)*\s+as\s+(\w+)")
+_AS_NAME = re.compile(r"([A-Za-z_]\w*)\s+as\s+([A-Za-z_]\w*)")
 # What a `try: new API` / `except ...:` fallback catches when the new API is missing.
 _FALLBACK_ERRORS = frozenset({"AttributeError", "TypeError", "ImportError", "ModuleNotFoundError", "NameError"})
+# The torch_musa release assumed when --musa-version is not given: releases from 2.1 on load
+# themselves with torch (an entry point), so no `import torch_musa` is added; older ones need it.
+DEFAULT_MUSA_VERSION = (2, 7)
+AUTOLOAD_MUSA_VERSION = (2, 1)
 # target -> (vendor rewritten away, vendor written); "agnostic" swaps nothing.
 VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 
@@ -34,21 +42,30 @@ VENDOR_SWAP = {"musa": ("cuda", "musa"), "cuda": ("musa", "cuda")}
 class Context:
     """Everything a rule may ask about the file being migrated. Built once per file."""
 
-    def __init__(self, wrapper: MetadataWrapper, *, target: str, filename: str) -> None:
-        self.wrapper = wrapper
-        self.module = wrapper.module
+    def __init__(self, module: cst.Module, *, target: str, filename: str, source: str,
+                 musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> None:
+        self.module = module
+        self.source = source  # the text parsed
+        #: the torch_musa release the ported code will run on (``--musa-version``)
+        self.musa_version = musa_version
+        self._analyses: dict[object, object] = {}
+        self._fallback: dict[cst.CSTNode, bool] = {}
         self.target = target
         self.filename = filename
+
+    @cached_property
+    def wrapper(self) -> MetadataWrapper:
+        return MetadataWrapper(self.module, unsafe_skip_copy=True)  # freshly parsed: nobody else holds it
 
     # Resolved on first use: the scope analysis behind qualified names costs more than parsing,
     # and a file that only the name-free rules look at never pays for it.
     @cached_property
-    def _pos(self):
-        return self.wrapper.resolve(PositionProvider)
+    def _lines(self) -> dict[cst.CSTNode, int]:
+        return start_lines(self.module, self.source)
 
     @cached_property
     def _parents(self):
-        return self.wrapper.resolve(ParentNodeProvider)
+        return parents_of(self.module)
 
     @cached_property
     def _qn(self):
@@ -56,12 +73,19 @@ class Context:
 
     # metadata
     def line(self, node: cst.CSTNode) -> int:
-        return self._pos[node].start.line
+        return self._lines[node]
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self._parents.get(node)
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
+        if isinstance(node, cst.Attribute) and self.torch_name is not None:
+            # torch.amp.autocast written through the module's own torch name: the qualified name is the
+            # text itself (the assumption is_torch makes), no scope analysis needed
+            name = dotted(node)
+            head, _, rest = (name or "").partition(".")
+            if head == self.torch_name and rest and self._imported_torch == self.torch_name:
+                return {f"torch.{rest}"}
         value = self._qn.get(node)
         if value is None:
             return set()
@@ -89,7 +113,7 @@ class Context:
                 if node.value == "torch" and not found:
                     found.append(node)
 
-        self.module.visit(_FirstTorch())
+        walk(self.module, [_FirstTorch()])
         if not found:
             return False
         value = self._qn.get(found[0])
@@ -101,9 +125,56 @@ class Context:
         check, so a rule that needs only this never pays for the scope analysis behind qualified names."""
         return isinstance(node, cst.Name) and node.value == self.torch_name
 
+    @cached_property
+    def aliases(self) -> dict[str, set[str]]:
+        """Name bound with ``as`` -> the last part of what it names (``S`` -> ``GradScaler`` for ``from
+        torch.amp import GradScaler as S``). Textual, so a superset: ``with ... as f`` and prose count too."""
+        found: dict[str, set[str]] = {}
+        for original, alias in _AS_NAME.findall(self.source):
+            found.setdefault(alias, set()).add(original)
+        return found
+
+    @cached_property
+    def _torch_roots(self) -> frozenset[str] | None:
+        """The names through which code can reach torch: ``torch``, its alias, names imported from a
+        ``torch...`` module, ``import torch.x as y`` aliases. None (anything may) after a star import."""
+        if _STAR_IMPORT.search(self.source):
+            return None
+        roots = {"torch", *(self.torch_name and [self.torch_name] or [])}
+        for names in _FROM_TORCH.findall(self.source):
+            for part in names.strip("()").replace("\\", " ").split(","):
+                words = part.split("#")[0].split()
+                if words:
+                    roots.add(words[-1])  # `a` or the `b` of `a as b`
+        roots.update(_IMPORT_TORCH_AS.findall(self.source))
+        return frozenset(roots)
+
+    def maybe(self, node: cst.BaseExpression, *last_names: str) -> bool:
+        """Whether ``node`` could resolve to a torch qualified name ending in one of ``last_names``: written
+        so and reaching torch through its first name (``torch.amp.GradScaler``, ``GradScaler`` imported
+        from torch), or a name bound by ``as`` to one of them. A syntactic check, so a rule asks for
+        qualified names (the costly scope analysis) only where the answer may be yes; never a false "no"
+        (``accelerator.autocast()`` is a "no": ``accelerator`` does not come from torch)."""
+        roots = self._torch_roots
+        if isinstance(node, cst.Attribute):  # a qualified name ends in the attribute as written
+            if node.attr.value not in last_names:
+                return False
+            while isinstance(node, cst.Attribute):
+                node = node.value
+            return roots is None or not isinstance(node, cst.Name) or node.value in roots
+        if isinstance(node, cst.Name):
+            if not self.aliases.get(node.value, set()).isdisjoint(last_names):
+                return True
+            return node.value in last_names and (roots is None or node.value in roots)
+        return False
+
     def callee(self, func: cst.BaseExpression) -> str | None:
         """The name a call really calls: ``GradScaler`` for ``Scaler()`` after
         ``from torch.amp import GradScaler as Scaler``; else the written last name."""
+        if isinstance(func, cst.Attribute):
+            return func.attr.value  # a qualified name ends in the attribute as written
+        if isinstance(func, cst.Name) and func.value not in self.aliases:
+            return func.value  # not an alias: the name it resolves to ends in the name written
         for q in self.qnames(func):
             if q.startswith("torch."):
                 return q.rsplit(".", 1)[1]
@@ -119,15 +190,24 @@ class Context:
         conditional expression) that tests the torch version or ``hasattr(torch...)``, or in an
         ``except AttributeError/TypeError/ImportError`` branch. Such code serves old torch on
         purpose; rewriting it to the new API breaks exactly the case it exists for."""
-        child, parent = node, self.parent(node)
+        seen: list[cst.CSTNode] = []
+        child, parent, answer = node, self.parent(node), False
         while parent is not None:
+            if child in self._fallback:
+                answer = self._fallback[child]
+                break
+            seen.append(child)
             if isinstance(parent, (cst.If, cst.IfExp)) and _VERSION_TEST.search(self.code(parent.test)):
-                return True
+                answer = True
+                break
             if isinstance(parent, cst.ExceptHandler) and child is parent.body and \
                     _catches_missing_api(parent.type):
-                return True
+                answer = True
+                break
             child, parent = parent, self.parent(parent)
-        return False
+        for n in seen:  # every node on the way up has the same answer (memoised: asked per string)
+            self._fallback[n] = answer
+        return answer
 
     # the file's conventions
     @cached_property
@@ -157,7 +237,7 @@ class Context:
                     elif full == "torch" and isinstance(alias.asname.name, cst.Name):
                         names.append(alias.asname.name.value)
 
-        module.visit(_Imports())
+        walk(module, [_Imports()])
         return "torch" if "torch" in names else (names[0] if names else None)
 
     @cached_property
@@ -170,7 +250,7 @@ class Context:
                 if node.quote in counts:
                     counts[node.quote] += 1
 
-        self.module.visit(_Count())
+        walk(self.module, [_Count()])
         return "'" if counts["'"] > counts['"'] else '"'
 
     def literal(self, value: str) -> str:
@@ -182,18 +262,18 @@ class Context:
         return swap[1] if swap and device_type == swap[0] else device_type
 
     # analyses, built on first use
-    @cached_property
-    def amp_refs(self) -> "AmpRefs":
-        from ampkit.migrate.amp_refs import analyse
+    def analysis(self, build: Callable[["Context"], T]) -> T:
+        """``build(self)``, computed once per file (the AMP references, the device resolver): the
+        analyses import this module, never the reverse."""
+        if build not in self._analyses:
+            self._analyses[build] = build(self)
+        return self._analyses[build]  # type: ignore[return-value]
 
-        return analyse(self)
 
-    @cached_property
-    def devices(self) -> "DeviceResolver":
-        from ampkit.migrate.device_resolve import DeviceResolver
-
-        return DeviceResolver(self)
-
+def parse_musa_version(text: str) -> tuple[int, int] | None:
+    """``"2.0.1"`` -> ``(2, 0)``; None when ``text`` is not a version."""
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?(?:\.?(?:post|rc|dev)\d*)?", text.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _catches_missing_api(kind: cst.BaseExpression | None) -> bool:

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, string_value
+from ampkit.migrate._walk import walk
 
 if TYPE_CHECKING:
     from ampkit.migrate.context import Context
 
-__all__ = ["DeviceChoice", "DeviceResolver", "NEW_DEFAULT_DTYPE", "OLD_DEFAULT_DTYPE"]
+__all__ = ["DeviceChoice", "DeviceResolver", "devices_of", "NEW_DEFAULT_DTYPE", "OLD_DEFAULT_DTYPE"]
 
 # Looked up in this order; ``*_type`` names hold a device-type string by convention (nanoGPT).
 DEVICE_NAMES = ("device_type", "DEVICE_TYPE", "device", "DEVICE")
@@ -119,7 +120,7 @@ class DeviceResolver:
     def __init__(self, ctx: "Context") -> None:
         self.ctx = ctx
         collector = _Collector(ctx)
-        ctx.module.visit(collector)
+        walk(ctx.module, [collector])
         self._scopes = collector.scopes
 
     def _enclosing(self, node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -192,7 +193,7 @@ class DeviceResolver:
                 "torch.device" in self.ctx.qnames(b.annotation)
         value = b.value
         if isinstance(value, cst.Call):
-            return "torch.device" in self.ctx.qnames(value.func)
+            return self.ctx.maybe(value.func, "device") and "torch.device" in self.ctx.qnames(value.func)
         return isinstance(value, cst.Attribute) and value.attr.value == "device"
 
 
@@ -202,3 +203,8 @@ def _is_bare_device_string(value: cst.BaseExpression | None) -> bool:
         return _is_bare_device_string(value.body) and _is_bare_device_string(value.orelse)
     text = string_value(value)
     return text is not None and ":" not in text and device_type_of(text) is not None
+
+
+def devices_of(ctx: "Context") -> DeviceResolver:
+    """The file's device resolver, built once per file."""
+    return ctx.analysis(DeviceResolver)

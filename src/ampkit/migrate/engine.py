@@ -7,15 +7,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper
 
 from ampkit.errors import AmpkitError, UsageError, first_line
-from ampkit.migrate.context import TARGETS, Context
+from ampkit.migrate.context import DEFAULT_MUSA_VERSION, TARGETS, Context, parse_musa_version
+from ampkit.migrate._walk import walk
 from ampkit.migrate.findings import CODES, Finding
 from ampkit.migrate.rules import RULES
 from ampkit.migrate.rules.base import Replacement
 
-__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options", "may_match"]
+__all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options", "may_match", "musa_version_of"]
 
 
 class SourceSyntaxError(UsageError):
@@ -79,11 +79,26 @@ def _parse(code: str, filename: str) -> cst.Module:
 
 
 class _Apply(cst.CSTTransformer):
-    """Applies the rules' replacements to the nodes they registered, innermost first."""
+    """Applies the rules' replacements to the nodes they registered, innermost first. Only the paths
+    from the module down to a replaced node are rebuilt; every other subtree is kept as it is."""
 
-    def __init__(self, replacements: dict[cst.CSTNode, list[Replacement]]) -> None:
+    def __init__(self, replacements: dict[cst.CSTNode, list[Replacement]], parent) -> None:
         super().__init__()
         self.replacements = replacements
+        self.on_path: set[cst.CSTNode] = set()
+        for node in replacements:
+            while node is not None and node not in self.on_path:
+                self.on_path.add(node)
+                node = parent(node)
+
+    def on_visit(self, node) -> bool:
+        return node in self.on_path
+
+    def on_visit_attribute(self, node, attribute) -> None:
+        return None
+
+    def on_leave_attribute(self, original_node, attribute) -> None:
+        return None
 
     def on_leave(self, original_node, updated_node):
         for fn in self.replacements.get(original_node, ()):
@@ -93,8 +108,18 @@ class _Apply(cst.CSTTransformer):
         return updated_node
 
 
+def musa_version_of(text: str | None) -> tuple[int, int]:
+    """``--musa-version`` -> ``(major, minor)``; the default (:data:`DEFAULT_MUSA_VERSION`) for None."""
+    if text is None:
+        return DEFAULT_MUSA_VERSION
+    version = parse_musa_version(text)
+    if version is None:
+        raise UsageError(f"--musa-version {text!r} is not a version; give the torch_musa release, e.g. 2.0 or 2.7.1")
+    return version
+
+
 def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str] | None = None,
-                   filename: str = "<string>") -> MigrateResult:
+                   filename: str = "<string>", musa_version: str | None = None) -> MigrateResult:
     """Migrate one module's source.
 
     >>> r = migrate_source("import torch\\ns = torch.cuda.amp.GradScaler()\\n")
@@ -106,8 +131,9 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
     rule fails on it); the message is one line that names the file.
     """
     selected = check_options(target, select)
+    version = musa_version_of(musa_version)
     try:
-        return _migrate(code, target, selected, filename)
+        return _migrate(code, target, selected, filename, version)
     except RecursionError:
         # Python's own compiler, libcst's metadata and the visitors all recurse per nesting level;
         # a long chain of implicitly concatenated strings (pydoc_data/topics.py) is enough.
@@ -116,32 +142,30 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
         raise AmpkitError(f"{filename}: out of memory while analysing; left untouched") from None
 
 
-def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: str) -> MigrateResult:
+def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: str,
+             musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> MigrateResult:
     # libcst drops a final lone "\r" (an old Mac line end) that Python reads as a newline: keep it aside.
     tail = "\r" if code.endswith("\r") else ""
     code = code[: len(code) - len(tail)]
     rules = _rules(code, target, selected)
     module = _parse(code, filename)
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # freshly parsed: nobody else holds it
-    ctx = Context(wrapper, target=target, filename=filename)
+    ctx = Context(module, target=target, filename=filename, source=code, musa_version=musa_version)
     findings: list[Finding] = []
     replacements: dict[cst.CSTNode, list[Replacement]] = {}
-    for rule_cls in rules:
-        if not rule_cls.applies(ctx):
-            continue
-        rule = rule_cls(ctx)
-        try:
-            wrapper.visit(rule)
-        except (RecursionError, MemoryError):
-            raise  # the file is too big or deep for the analysis, not a rule bug: the caller says so
-        except Exception as exc:  # a rule bug must not become a traceback or a half-written file
-            raise AmpkitError(f"{filename}: internal error in {rule_cls.__name__} ({first_line(exc, 200)}); "
-                              "file left untouched. Please report this with the file.") from exc
+    active = [rule_cls(ctx) for rule_cls in rules if rule_cls.applies(ctx)]
+    try:
+        walk(module, active)  # one pass over the tree for every rule
+    except (RecursionError, MemoryError):
+        raise  # the file is too big or deep for the analysis, not a rule bug: the caller says so
+    except Exception as exc:  # a rule bug must not become a traceback or a half-written file
+        raise AmpkitError(f"{filename}: internal error in {_culprit(exc, active)} ({first_line(exc, 200)}); "
+                          "file left untouched. Please report this with the file.") from exc
+    for rule in active:
         findings.extend(f for f in rule.findings if selected is None or f.code in selected)
         for node, fn in rule.replacements:
             replacements.setdefault(node, []).append(fn)
     try:
-        new_code = wrapper.module.visit(_Apply(replacements)).code if replacements else code
+        new_code = module.visit(_Apply(replacements, ctx.parent)).code if replacements else code
     except (RecursionError, MemoryError):
         raise
     except Exception as exc:
@@ -154,6 +178,18 @@ def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: 
             raise AmpkitError(f"{filename}: migrate produced code that does not parse ({exc.msg} at line "
                               f"{exc.lineno}); nothing written. Please report this with the file.") from None
     return MigrateResult(new_code + tail, _dedupe(findings), new_code != code)
+
+
+def _culprit(exc: BaseException, rules: list) -> str:
+    """The rule whose code raised ``exc`` (the innermost frame whose ``self`` is one of ``rules``)."""
+    names = "a rule"
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if any(owner is r for r in rules):
+            names = type(owner).__name__
+        tb = tb.tb_next
+    return names
 
 
 def _dedupe(findings: list[Finding]) -> tuple[Finding, ...]:

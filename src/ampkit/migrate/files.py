@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ampkit.errors import AmpkitError, first_line
-from ampkit.migrate.engine import check_options, may_match, migrate_source
+from ampkit.migrate.engine import check_options, may_match, migrate_source, musa_version_of
 from ampkit.migrate.findings import Finding
 
 __all__ = ["FileResult", "migrate_paths", "iter_python_files", "atomic_write", "default_jobs"]
@@ -168,12 +168,13 @@ def _load(path: str, target: str, select: frozenset[str] | None, precheck: bool)
     return src
 
 
-def _analyse(path: str, src: _Source, target: str, select: frozenset[str] | None) -> FileResult:
+def _analyse(path: str, src: _Source, target: str, select: frozenset[str] | None,
+             musa_version: str | None = None) -> FileResult:
     """Migrate one decoded file. Every failure becomes a one-line ``error``: one hostile file (a
     parser limit, a recursion limit, memory, a rule bug) must not take down a run over a repository."""
     original = src.bom + src.text
     try:
-        res = migrate_source(src.text, target=target, select=select, filename=path)
+        res = migrate_source(src.text, target=target, select=select, filename=path, musa_version=musa_version)
     except AmpkitError as exc:
         return FileResult(path, original=original, error=str(exc))
     except Exception as exc:  # noqa: BLE001 -- a bug on one file must not end the run over the rest
@@ -198,13 +199,13 @@ def default_jobs() -> int:
 
 
 def _run_all(tasks: list[tuple[str, _Source]], target: str, select: frozenset[str] | None,
-             jobs: int) -> list[FileResult]:
+             jobs: int, musa_version: str | None = None) -> list[FileResult]:
     if jobs <= 1 or len(tasks) <= 1:
-        return [_analyse(p, src, target, select) for p, src in tasks]
+        return [_analyse(p, src, target, select, musa_version) for p, src in tasks]
     results: list[FileResult | None] = [None] * len(tasks)
     try:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = [pool.submit(_analyse, p, src, target, select) for p, src in tasks]
+            futures = [pool.submit(_analyse, p, src, target, select, musa_version) for p, src in tasks]
             for i, fut in enumerate(futures):
                 results[i] = fut.result()
     except BrokenProcessPool:  # a worker died (a crash in native code); the finished files stand
@@ -215,7 +216,8 @@ def _run_all(tasks: list[tuple[str, _Source]], target: str, select: frozenset[st
 
 
 def migrate_paths(paths: Iterable[str | os.PathLike], *, fix: bool = False, target: str = "agnostic",
-                  select: Iterable[str] | None = None, jobs: int | None = None) -> list[FileResult]:
+                  select: Iterable[str] | None = None, jobs: int | None = None,
+                  musa_version: str | None = None) -> list[FileResult]:
     """Migrate files and folders; one :class:`FileResult` per file, in the order found.
 
     Files found in folders are first checked for the words the rules look for (``torch``, ``amp``,
@@ -224,9 +226,12 @@ def migrate_paths(paths: Iterable[str | os.PathLike], *, fix: bool = False, targ
     worker processes (default: every CPU). A file that cannot be read, decoded, parsed or analysed
     gets a one-line ``error`` and is left untouched; the others are still processed. With
     ``fix=True`` changed files are written atomically, in the encoding they declare (PEP 263).
+    ``musa_version`` (``--target musa``): the torch_musa release the code will run on; before 2.1
+    files that now use "musa" get ``import torch_musa``.
     Raises :class:`~ampkit.errors.UsageError` for a bad ``target``, ``select`` or ``jobs``.
     """
     selected = check_options(target, select)
+    musa_version_of(musa_version)  # a bad version is a usage error before any file is read
     if jobs is not None and jobs < 1:
         from ampkit.errors import UsageError
 
@@ -243,7 +248,7 @@ def migrate_paths(paths: Iterable[str | os.PathLike], *, fix: bool = False, targ
             slots.append(len(results))
             tasks.append((path, loaded))
         results.append(loaded)
-    for slot, res in zip(slots, _run_all(tasks, target, selected, jobs or default_jobs())):
+    for slot, res in zip(slots, _run_all(tasks, target, selected, jobs or default_jobs(), musa_version)):
         results[slot] = _write(res) if fix and res.changed and res.error is None else res
     return results
 

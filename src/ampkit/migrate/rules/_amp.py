@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ampkit.migrate.amp_refs import AmpRef
+from ampkit.migrate.amp_refs import AmpRef, refs_of
 from ampkit.migrate.device_resolve import DeviceChoice
 from ampkit.migrate.rules.base import Rule
 
@@ -17,7 +17,7 @@ SCALERS = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
 
 def scaler_without_device(rule: Rule, node: cst.Call) -> bool:
     """``torch.amp.GradScaler(...)`` given no device: no positional argument, no ``device=``, no ``*``/``**``."""
-    if not rule.ctx.qnames(node.func) & SCALERS:
+    if not rule.ctx.maybe(node.func, "GradScaler") or not rule.ctx.qnames(node.func) & SCALERS:
         return False
     return not any(a.keyword is None or a.star or a.keyword.value == "device" for a in node.args)
 
@@ -33,7 +33,7 @@ def new_callee(ref: AmpRef, func: cst.BaseExpression) -> cst.BaseExpression:
 
 def amp_refs_for(rule: Rule, *apis: str) -> list[AmpRef]:
     """The rewritable references to the given APIs."""
-    return [r for r in rule.ctx.amp_refs.refs if r.api in apis and r.rewrite]
+    return [r for r in refs_of(rule.ctx).refs if r.api in apis and r.rewrite]
 
 
 def report_fallback(rule: Rule, ref: AmpRef, choice: DeviceChoice, new: str, example: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import expr
+from ampkit.migrate.amp_refs import refs_of
 from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["AmpImportsRule"]
@@ -19,7 +20,7 @@ class AmpImportsRule(Rule):
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
-        for imp, module in self.ctx.amp_refs.moves.items():
+        for imp, module in refs_of(self.ctx).moves.items():
             if isinstance(imp, cst.ImportFrom):
                 self.replace(imp, lambda u, m=module: u.with_changes(module=expr(m)))
             else:  # ImportAlias of `import torch.cuda.amp as amp`

@@ -12,7 +12,7 @@ import libcst as cst
 
 from ampkit.migrate._cst import append_arg, expr, keyword_arg, kwarg, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
-from ampkit.migrate.device_resolve import NEW_DEFAULT_DTYPE, OLD_DEFAULT_DTYPE, DeviceChoice
+from ampkit.migrate.device_resolve import NEW_DEFAULT_DTYPE, OLD_DEFAULT_DTYPE, DeviceChoice, devices_of
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
 from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
@@ -34,7 +34,7 @@ class AutocastRule(Rule):
         call = ref.call
         positional = sum(1 for a in call.args if a.keyword is None)
         has_dtype = positional >= 2 or kwarg(call, "dtype") is not None
-        choice = self.ctx.devices.resolve(call, ref.vendor)
+        choice = devices_of(self.ctx).resolve(call, ref.vendor)
         old_dtype = OLD_DEFAULT_DTYPE[ref.vendor]
         need_dtype = not has_dtype and NEW_DEFAULT_DTYPE.get(choice.literal) != old_dtype
         torch = self.ctx.torch_name

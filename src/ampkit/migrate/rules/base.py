@@ -59,9 +59,10 @@ class Rule(cst.CSTVisitor):
             return False
         return cls.pattern is None or _compiled(cls.pattern).search(text) is not None
 
-    def report(self, node: cst.CSTNode, code: str, message: str, fix: str, *, rewritten: bool = False) -> None:
+    def report(self, node: cst.CSTNode, code: str, message: str, fix: str, *, rewritten: bool = False,
+               kind: str = "") -> None:
         self.findings.append(Finding(code=code, message=message, path=self.ctx.filename,
-                                     line=self.ctx.line(node), fix=fix, rewritten=rewritten))
+                                     line=self.ctx.line(node), fix=fix, rewritten=rewritten, kind=kind))
 
     def replace(self, node: cst.CSTNode, fn: Replacement) -> None:
         self.replacements.append((node, fn))

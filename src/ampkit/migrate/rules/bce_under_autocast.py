@@ -1,5 +1,6 @@
 """``bce-under-autocast``: ``binary_cross_entropy`` inside an autocast region, or an ``nn.BCELoss``
-in a file that uses autocast. A loss bound to a local name whose every call in that function is
+in a file that uses autocast (``autocast(enabled=False)`` is not a use: code under it runs in FP32,
+as YOLOX's BCE matching cost does). A loss bound to a local name whose every call in that function is
 outside autocast is not reported (DeepLearningExamples' DLRM evaluates after the block).
 
 Autocast refuses ``binary_cross_entropy`` (it is unsafe in FP16: the log of a probability rounded to
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ampkit.migrate.rules._autocast_region import AutocastRegionRule
+from ampkit.migrate._walk import walk
+from ampkit.migrate.rules._autocast_region import AutocastRegionRule, is_disabled
 
 __all__ = ["BceUnderAutocastRule"]
 
@@ -43,7 +45,7 @@ class BceUnderAutocastRule(AutocastRegionRule):
             self._calls.setdefault((self._functions[-1], node.func.value), []).append(self.in_autocast)
         name = self.ctx.callee(node.func)
         if name == "autocast":
-            self.file_uses_autocast = True
+            self.file_uses_autocast |= not is_disabled(node)  # enabled=False: the FP32 way round
         elif name == "binary_cross_entropy" and self.in_autocast:
             self.report(node, "bce-under-autocast",
                         "binary_cross_entropy under autocast raises an error (it is unsafe in float16); "
@@ -76,5 +78,5 @@ class BceUnderAutocastRule(AutocastRegionRule):
             def visit_Name(self, node: cst.Name) -> None:
                 uses[0] += node.value == local
 
-        function.body.visit(_Uses())
+        walk(function.body, [_Uses()])
         return bool(calls) and not any(calls) and uses[0] == 1 + len(calls)

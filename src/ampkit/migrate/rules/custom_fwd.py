@@ -10,6 +10,7 @@ import libcst as cst
 
 from ampkit.migrate._cst import append_arg, expr, keyword_arg, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
+from ampkit.migrate.device_resolve import devices_of
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
 from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
@@ -26,7 +27,7 @@ class CustomFwdRule(Rule):
         return False  # the work is done from the analysis: no need to walk the tree
 
     def _rewrite(self, ref: AmpRef) -> None:
-        choice = self.ctx.devices.resolve(ref.node, ref.vendor)
+        choice = devices_of(self.ctx).resolve(ref.node, ref.vendor)
         device_arg = keyword_arg("device_type", expr(choice.code))
         report_fallback(self, ref, choice, f"torch.amp.{ref.api}(device_type={choice.code})",
                         f"@torch.amp.{ref.api}(device_type=DEVICE_TYPE)  # DEVICE_TYPE: a module-level constant")

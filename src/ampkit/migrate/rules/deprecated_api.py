@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ampkit.migrate.amp_refs import AmpRef
+from ampkit.migrate.amp_refs import AmpRef, refs_of
 from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["DeprecatedApiRule"]
@@ -27,7 +27,7 @@ class DeprecatedApiRule(Rule):
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
 
     def visit_Module(self, node: cst.Module) -> bool:
-        refs = self.ctx.amp_refs
+        refs = refs_of(self.ctx)
         for ref in refs.refs:
             if not ref.rewrite and not ref.fallback:
                 self._report_ref(ref)

@@ -18,20 +18,15 @@ import re
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, last_name, prepend_arg, string_value
-from ampkit.migrate.context import VENDOR_SWAP
+from ampkit.migrate._walk import walk
+from ampkit.migrate.context import AUTOLOAD_MUSA_VERSION, VENDOR_SWAP
 from ampkit.migrate.device_resolve import device_type_of
 from ampkit.migrate.rules._amp import scaler_without_device
+from ampkit.migrate.rules._musa_twins import RENAMED, TWINS
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["DeviceTargetRule", "TWINS"]
 
-# torch.cuda functions that torch.musa mirrors (MUSA.md).
-TWINS = frozenset({
-    "synchronize", "device_count", "is_available", "current_device", "set_device", "empty_cache",
-    "max_memory_allocated", "memory_allocated", "reset_peak_memory_stats", "manual_seed",
-    "manual_seed_all", "get_device_name", "get_device_properties", "get_device_capability",
-    "Event", "Stream", "is_bf16_supported", "mem_get_info", "get_rng_state", "set_rng_state",
-})
 _BACKEND = {"musa": ("nccl", "mccl"), "cuda": ("mccl", "nccl")}
 # A device string, or a template for one: "cuda", "cuda:0", "cuda:%d", "cuda:{}", "cuda:{rank}".
 _TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
@@ -39,6 +34,12 @@ _TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
 _PATH_CALLS = frozenset({"join", "glob", "iglob", "Path", "PurePath"})
 # Keywords whose string value is a name (an argparse flag, a destination), not a device.
 _NAME_KEYWORDS = frozenset({"name", "dest", "prefix"})
+# Device counting that sees no MUSA card: (word in a string, what to use on MUSA).
+_COUNTING = (("CUDA_VISIBLE_DEVICES", "MUSA_VISIBLE_DEVICES"), ("nvidia-smi", "mthreads-gmi"))
+_LIGHTNING_FIX = ("Lightning accepts only its registered accelerator names (auto, cpu, cuda, gpu, mps, tpu): "
+                  "pass an Accelerator instance for MUSA, e.g. Fabric(accelerator=MUSAAccelerator()) with "
+                  "class MUSAAccelerator(lightning.fabric.accelerators.Accelerator) returning torch.device(\"musa\"), "
+                  "or drive the MUSA card from plain PyTorch")
 
 
 class DeviceTargetRule(Rule):
@@ -53,7 +54,8 @@ class DeviceTargetRule(Rule):
         if target not in VENDOR_SWAP:
             return False
         src = VENDOR_SWAP[target][0]
-        return src in text or _BACKEND[target][0] in text or (target == "musa" and "GradScaler" in text)
+        return src in text or _BACKEND[target][0] in text or (target == "musa" and (
+            "GradScaler" in text or any(word in text for word, _ in _COUNTING)))
 
     def visit_Module(self, node: cst.Module) -> None:
         self.src, self.dst = VENDOR_SWAP[self.ctx.target]
@@ -62,6 +64,7 @@ class DeviceTargetRule(Rule):
         self._backends: list[cst.SimpleString] = []
 
     def leave_Module(self, node: cst.Module) -> None:
+        self._import_torch_musa(node)
         old, new = self.backend
         for string in self._backends:
             if self._moved:
@@ -70,10 +73,25 @@ class DeviceTargetRule(Rule):
                 self.report(string, "deprecated-amp-api",
                             f'"{old}" was not moved to "{new}": nothing in this file puts the model on a '
                             f"{self.dst} device, and the backend must match the device it runs on.",
-                            f'backend = "{new}" if device.type == "{self.dst}" else "gloo"')
+                            f'backend = "{new}" if device.type == "{self.dst}" else "gloo"', kind="backend")
+
+    def _import_torch_musa(self, module: cst.Module) -> None:
+        """torch_musa before 2.1 does not load itself: a file that now uses "musa" needs ``import torch_musa``
+        (after its first ``import torch``) or the device does not exist (``--musa-version``)."""
+        if self.dst != "musa" or not self._moved or self.ctx.musa_version >= AUTOLOAD_MUSA_VERSION:
+            return
+        if re.search(r"^\s*import\s+torch_musa\b", self.ctx.source, re.MULTILINE):
+            return
+        for st in module.body:
+            if isinstance(st, cst.SimpleStatementLine) and any(
+                    isinstance(s, cst.Import) and any((dotted(a.name) or "").split(".")[0] == "torch" for a in s.names)
+                    for s in st.body):
+                line = cst.parse_statement("import torch_musa  # torch_musa < 2.1 does not load itself\n")
+                self.replace(st, lambda u: cst.FlattenSentinel([u, line]))
+                return
 
     # Dispatchers that already handle both vendors: not a line of them changes.
-    def _handles_both(self, *nodes: cst.CSTNode) -> bool:
+    def _vendors(self, *nodes: cst.CSTNode) -> set[str]:
         found: set[str] = set()
         ctx = self.ctx
 
@@ -86,21 +104,34 @@ class DeviceTargetRule(Rule):
                     found.add(n.attr.value)
 
         for n in nodes:
-            n.visit(_Vendors())
-        return {self.src, self.dst} <= found
+            walk(n, [_Vendors()])
+        return found
+
+    def _handles_both(self, *nodes: cst.CSTNode) -> bool:
+        return {self.src, self.dst} <= self._vendors(*nodes)
+
+    def _dispatches(self, tests: list[cst.CSTNode], choices: list[cst.CSTNode]) -> bool:
+        """A conditional that serves both vendors. Not so when the test asks about the old vendor and
+        the branches name only the new one (a MUSA tutorial's ``'musa' if torch.cuda.is_available()
+        else 'cpu'``, which trains on the CPU): that test is a half-done port, and moves."""
+        in_tests, in_choices = self._vendors(*tests), self._vendors(*choices)
+        if self.src in in_tests and self.src not in in_choices and self.dst in in_choices:
+            return False
+        return {self.src, self.dst} <= in_tests | in_choices
 
     def visit_If(self, node: cst.If) -> bool:
         # The whole if / elif chain: its tests and the simple statements directly in its branches
         # (`DEVICE = "cuda"` / `DEVICE = "musa"`), not blocks nested deeper.
-        parts: list[cst.CSTNode] = []
+        tests: list[cst.CSTNode] = []
+        choices: list[cst.CSTNode] = []
         branch: cst.CSTNode | None = node
         while branch is not None:
             if isinstance(branch, cst.If):
-                parts.append(branch.test)
+                tests.append(branch.test)
             body = branch.body
-            parts.extend(st for st in getattr(body, "body", ()) if isinstance(st, cst.SimpleStatementLine))
+            choices.extend(st for st in getattr(body, "body", ()) if isinstance(st, cst.SimpleStatementLine))
             branch = branch.orelse if isinstance(branch, cst.If) else None
-        return not self._handles_both(*parts)
+        return not self._dispatches(tests, choices)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         # def cuda(self) next to def musa(self), is_cuda_available next to is_musa_available:
@@ -117,9 +148,10 @@ class DeviceTargetRule(Rule):
             self.report(node, "deprecated-amp-api",
                         f"a backend chosen by `{self.ctx.code(node.test)}` was left as is: that test says nothing "
                         f"about {self.dst}; choose the backend from the device you run on.",
-                        f'backend = "{self.backend[1]}" if device.type == "{self.dst}" else "gloo"')
+                        f'backend = "{self.backend[1]}" if device.type == "{self.dst}" else "gloo"',
+                        kind="vendor check")
             return False
-        return not self._handles_both(node)
+        return not self._dispatches([node.test], [node.body, node.orelse])
 
     def visit_Tuple(self, node: cst.Tuple) -> bool:
         return not self._handles_both(node)
@@ -137,7 +169,13 @@ class DeviceTargetRule(Rule):
         value = string_value(node)
         if value is None:
             return
+        if self.dst == "musa" and self._counts_devices(node, value):
+            return
         m = _TEMPLATE.fullmatch(value)
+        if (m and m.group(1) == self.src or value == "gpu") and self._framework_name(node, value):
+            return
+        if m and m.group(1) == self.src and self.ctx.in_fallback(node):
+            return  # a test in code for old torch (torch<1.10 has no torch.autocast): left alone
         if m and m.group(1) == self.src and not m.group(2) and self._names_something(node):
             return
         if m and m.group(1) == self.src:
@@ -146,6 +184,32 @@ class DeviceTargetRule(Rule):
             self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
         elif value == self.backend[0]:
             self._backends.append(node)
+
+    def _framework_name(self, node: cst.SimpleString, value: str) -> bool:
+        """``accelerator="cuda"`` (or ``"gpu"``) for Lightning's ``Fabric``/``Trainer``: a framework's
+        name, not a torch device; ``"musa"`` there raises. Reported, left as is."""
+        parent = self.ctx.parent(node)
+        if not (isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "accelerator"):
+            return False
+        if self.dst == "musa":
+            call = self.ctx.parent(parent)
+            callee = last_name(call.func) if isinstance(call, cst.Call) else None
+            self.report(node, "deprecated-amp-api",
+                        f'could not port: framework name. accelerator="{value}" is {callee or "a framework"}\'s '
+                        f'name, not a torch device; "musa" is not one of its names and would raise. Left as is.',
+                        _LIGHTNING_FIX, kind="framework name")
+        return True
+
+    def _counts_devices(self, node: cst.SimpleString, value: str) -> bool:
+        for word, musa in _COUNTING:
+            if word in value:
+                self.report(node, "deprecated-amp-api",
+                            f"could not port: device counting. {word} knows nothing of MUSA cards, so this "
+                            "counts or picks no device there. Left as is.",
+                            f"{musa} on MUSA; count the cards with torch.musa.device_count()",
+                            kind="device counting")
+                return True
+        return False
 
     def _names_something(self, node: cst.SimpleString) -> bool:
         """A bare "cuda" that is a name rather than a device (DeepLearningExamples): a folder in
@@ -174,16 +238,41 @@ class DeviceTargetRule(Rule):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         # torch.cuda.synchronize -> torch.musa.synchronize
         inner = node.value
-        if not (isinstance(inner, cst.Attribute) and inner.attr.value == self.src
-                and self.ctx.is_torch(inner.value)):
+        if node.attr.value == f"is_{self.src}" and not self.ctx.is_torch(inner):
+            self._vendor_test(node)
             return
-        if node.attr.value in TWINS:
-            self._moved = True
-            self.replace(node, lambda u: u.with_changes(value=u.value.with_changes(attr=cst.Name(self.dst))))
-        elif node.attr.value != "amp":  # the amp rules handle torch.cuda.amp
+        if isinstance(inner, cst.Attribute) and inner.attr.value == "version" and self.ctx.is_torch(inner.value) \
+                and node.attr.value == self.src and not self.ctx.in_fallback(node):
             self.report(node, "deprecated-amp-api",
-                        f"`{dotted(node)}` has no torch.{self.dst} twin that migrate knows; left as is.",
-                        f"check torch.{self.dst} for an equivalent, or use the device-generic torch API")
+                        f"could not port: vendor check. torch.version.{self.src} is None on a {self.dst} build, so a "
+                        f"test on it takes the non-GPU path there. Left as is.",
+                        f"torch.version.{self.dst}  # or test the device you run on: device.type == \"{self.dst}\"",
+                        kind="vendor check")
+            return
+        if not (isinstance(inner, cst.Attribute) and inner.attr.value == self.src
+                and self.ctx.is_torch(inner.value)) or self.ctx.in_fallback(node):
+            return
+        renamed = RENAMED if self.dst == "musa" else {v: k for k, v in RENAMED.items()}
+        name = node.attr.value
+        if name in TWINS or name in renamed:
+            self._moved = True
+            new = renamed.get(name, name)
+            self.replace(node, lambda u: u.with_changes(value=u.value.with_changes(attr=cst.Name(self.dst)),
+                                                        attr=u.attr.with_changes(value=new)))
+        elif name != "amp":  # the amp rules handle torch.cuda.amp
+            self.report(node, "deprecated-amp-api",
+                        f"could not port: `{dotted(node)}` has no torch.{self.dst} twin (checked in torch_musa's "
+                        "source); left as is.",
+                        f"check torch.{self.dst} for an equivalent, or use the device-generic torch API",
+                        kind="no twin")
+
+    def _vendor_test(self, node: cst.Attribute) -> None:
+        """``x.is_cuda`` is False for a MUSA tensor: the GPU path would never be taken. torch_musa gives
+        tensors ``is_musa`` (torch_musa/core/tensor_attrs.py), so the test moves to it."""
+        if self.ctx.in_fallback(node):
+            return
+        self._moved = True
+        self.replace(node, lambda u: u.with_changes(attr=cst.Name(f"is_{self.dst}")))
 
     def visit_Call(self, node: cst.Call) -> None:
         # A scaler given no device is a "cuda" scaler (torch_musa replaces FSDP's ShardedGradScaler itself).
@@ -213,7 +302,7 @@ class DeviceTargetRule(Rule):
             self.report(node, "deprecated-amp-api",
                         f"`.{self.src}(...)` with a device argument was not rewritten for --target {self.dst}: "
                         "the argument may be an index or a device.",
-                        f'.to(torch.device("{self.dst}", index))  # index: int')
+                        f'.to(torch.device("{self.dst}", index))  # index: int', kind="device index")
 
     def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if self.dst != "cuda" or len(node.body) != 1 or not isinstance(node.body[0], cst.Import):

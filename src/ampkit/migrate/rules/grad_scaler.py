@@ -9,6 +9,7 @@ import libcst as cst
 
 from ampkit.migrate._cst import expr, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
+from ampkit.migrate.device_resolve import devices_of
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
 from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
@@ -25,7 +26,7 @@ class GradScalerRule(Rule):
         return False  # the work is done from the analysis: no need to walk the tree
 
     def _rewrite(self, ref: AmpRef) -> None:
-        choice = self.ctx.devices.resolve(ref.call, ref.vendor)
+        choice = devices_of(self.ctx).resolve(ref.call, ref.vendor)
 
         def fixer(device: str):
             def fix(updated: cst.Call) -> cst.Call:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import kwarg, prepend_arg, string_value
-from ampkit.migrate.device_resolve import ACCELERATORS, device_type_of
+from ampkit.migrate.device_resolve import ACCELERATORS, device_type_of, devices_of
 from ampkit.migrate.rules._amp import SCALERS, scaler_without_device
 from ampkit.migrate.rules.base import Rule
 
@@ -22,6 +22,7 @@ __all__ = ["HardCodedDeviceRule"]
 _NEW_API = {"torch.amp.autocast", "torch.autocast", "torch.amp.autocast_mode.autocast", *SCALERS,
             "torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
             "torch.amp.autocast_mode.custom_bwd"}
+_NEW_NAMES = tuple({name.rsplit(".", 1)[1] for name in _NEW_API})
 
 
 class HardCodedDeviceRule(Rule):
@@ -33,7 +34,7 @@ class HardCodedDeviceRule(Rule):
         return ctx.target == "agnostic"
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not _NEW_API.intersection(self.ctx.qnames(node.func)):
+        if not self.ctx.maybe(node.func, *_NEW_NAMES) or not _NEW_API.intersection(self.ctx.qnames(node.func)):
             return
         if scaler_without_device(self, node):
             if not self.ctx.in_fallback(node):
@@ -45,7 +46,7 @@ class HardCodedDeviceRule(Rule):
         vendor = device_type_of(string_value(arg.value)) if arg is not None else None
         if vendor not in ACCELERATORS or self.ctx.in_fallback(node):
             return
-        if self.ctx.devices.visible(node, vendor) is not None:
+        if devices_of(self.ctx).visible(node, vendor) is not None:
             return  # the file has a device variable here; using the literal is a choice, not a gap
         example = node.with_changes(args=[a.with_changes(value=cst.Name("device_type")) if a is arg else a
                                           for a in node.args])
@@ -57,7 +58,7 @@ class HardCodedDeviceRule(Rule):
     def _scaler_without_device(self, node: cst.Call) -> None:
         """``torch.amp.GradScaler()`` given no device is a "cuda" scaler, whatever device the model is on: where
         CUDA is absent (a MUSA card) it disables itself with a warning, and FP16 trains without loss scaling."""
-        choice = self.ctx.devices.visible(node, "cuda")  # the device variable in scope, as a rewrite would use it
+        choice = devices_of(self.ctx).visible(node, "cuda")  # the device variable in scope, as a rewrite would use it
         fix = prepend_arg(node, cst.Arg(cst.parse_expression(choice.code if choice is not None else "device_type")))
         self.report(node, "hard-coded-device",
                     "this GradScaler is given no device, so it is a \"cuda\" scaler: on another device (a MUSA card) "

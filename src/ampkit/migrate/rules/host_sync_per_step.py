@@ -4,7 +4,8 @@ a scaler helper such as timm's ``loss_scaler(loss, optimizer, ...)``).
 
 Each one makes the host wait for the device every step, so the GPU idles while Python catches
 up. The same call under ``if step % N == 0`` runs every N steps and is fine, and so is one on an
-error path that ends the run (a block ending in ``raise`` or ``sys.exit``).
+error path that ends the run (a block ending in ``raise`` or ``sys.exit``), and so is a CPU-only
+script (one that runs on its own and names no accelerator or device at all): there is no device to wait for.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, last_name
+from ampkit.migrate._walk import walk
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["HostSyncPerStepRule"]
 
 _CHECKS = ("isfinite", "isnan", "isinf")
 _HOST_MODULES = ("math", "np", "numpy", "cmath")
+_ON_A_DEVICE = ("cuda", "musa", "device", "gpu", "GPU", "xpu", "mps", "npu", "ccelerat", "abric", "DataParallel",
+                "scaler", "Scaler", "autocast")
 
 
 class _Frame:
@@ -66,7 +70,7 @@ def _has_modulo(node: cst.CSTNode) -> bool:
             self.found = True
 
     finder = _Mod()
-    node.visit(finder)
+    walk(node, [finder])
     return finder.found
 
 
@@ -74,13 +78,21 @@ class HostSyncPerStepRule(Rule):
     codes = ("host-sync-per-step",)
     tokens = ((".item()", "isfinite(", "isnan(", "isinf("), (".backward(", ".step(", "scaler", "Scaler"))
 
+    @classmethod
+    def applies(cls, ctx) -> bool:
+        # A CPU-only script (pytorch/examples' regression) has no device to wait for: a script (a loop at
+        # module level, or `if __name__ == "__main__":`) that names no accelerator, device, launcher
+        # framework or AMP scaler is not looked at. A module of functions may get its model and device
+        # from another file, so it is.
+        return any(word in ctx.source for word in _ON_A_DEVICE) or not _is_script(ctx.module)
+
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._frames: list[_Frame] = []
 
     def _push_loop(self, node: cst.For | cst.While) -> None:
         finder = _IsTrainingLoop()
-        node.body.visit(finder)
+        walk(node.body, [finder])
         self._frames.append(_Frame(finder.found, _counter(node)))
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -150,8 +162,14 @@ class HostSyncPerStepRule(Rule):
                 if last_name(n.func) in _CHECKS and name.split(".")[0] not in _HOST_MODULES:
                     found.append(code(n.args[0].value) if n.args else "loss")
 
-        test.visit(_Find())
+        walk(test, [_Find()])
         return found[0] if found else None
+
+
+def _is_script(module: cst.Module) -> bool:
+    """The file runs on its own: a loop at module level, or an ``if __name__ == "__main__":`` block."""
+    return any(isinstance(st, (cst.For, cst.While)) or
+               isinstance(st, cst.If) and "__name__" in module.code_for_node(st.test) for st in module.body)
 
 
 def _counter(loop: cst.For | cst.While) -> str:

@@ -31,8 +31,20 @@ class UnsafeTorchLoadRule(Rule):
     # torch.load itself, `load` imported by name, or torch under another name (import torch as th)
     pattern = r"torch\s*\.\s*load\b|import\b[^\n]*\bload\b|\bimport\s+torch\s+as\b"
 
+    def _is_torch_load(self, func: cst.BaseExpression) -> bool:
+        """``torch.load`` (``th.load``) by its written form where that decides it: ``json.load`` and
+        ``pickle.load`` are not, and need no scope analysis; anything else asks for qualified names."""
+        if not self.ctx.maybe(func, "load"):
+            return False
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            if self.ctx.is_torch(func.value):
+                return True
+            if func.value.value not in self.ctx.aliases:  # json.load, pickle.load, safetensors' load
+                return False
+        return "torch.load" in self.ctx.qnames(func)
+
     def visit_Call(self, node: cst.Call) -> None:
-        if "torch.load" not in self.ctx.qnames(node.func):
+        if not self._is_torch_load(node.func):
             return
         given = kwarg(node, "weights_only")
         if given is not None and dotted(given.value) != "False":
