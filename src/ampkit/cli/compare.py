@@ -85,7 +85,9 @@ def run(args) -> int:
     budget, factor = _budget(args.explain_budget)
     if args.explain_budget is not None and not args.explain:
         raise UsageError("--explain-budget limits --explain: add --explain")
-    with _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
+    from ampkit.verify.interrupt import stop_on_signals
+
+    with stop_on_signals(), _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
         result = compare(args.task, precision=args.precision, seeds=args.seeds, steps=args.steps,
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
@@ -106,6 +108,7 @@ class _Progress(ProgressView):
         self.quiet = quiet
         self.bar = None
         self.steps = 0
+        self.desc, self.run_steps = "run", 0
 
     def __call__(self, ev: dict) -> None:
         kind = ev.get("event")
@@ -119,11 +122,16 @@ class _Progress(ProgressView):
                 self.bar = self.progress.add_task("compare", total=ev["runs"] * ev["steps"], info="")
         elif kind == "run_start":
             desc = f"run {ev['run']}/{ev['runs']} seed {ev['seed']} {ev['precision']}"
+            self.desc, self.run_steps = desc, ev.get("total", self.steps)
             if self.progress is not None:
                 # runs can grow: when only one precision could be graphed, the graphed runs are trained again
                 self.progress.update(self.bar, description=desc, total=ev["runs"] * self.steps,
                                      completed=(ev["run"] - 1) * self.steps)
-        elif kind == "log" and self.progress is not None:
+        elif kind == "log" and self.progress is None:  # a log file or a pipe: one line per logged step
+            loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
+            self.err.print(f"{self.desc}: step {ev['step']}/{self.run_steps} loss {loss}" + (f" scale {ev['scale']:g}" if ev.get("scale", 1) != 1 else ""),
+                           highlight=False)
+        elif kind == "log":
             loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
             self.progress.update(self.bar, completed=(ev["run"] - 1) * self.steps + ev["step"],
                                  info=f"loss {loss}" + (f" scale {ev['scale']:g}" if ev.get("scale", 1) != 1 else ""))
