@@ -6,7 +6,8 @@ import json
 import shlex
 import sys
 
-from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, console, err_console, print_json
+from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, check_writable, console, err_console, print_json
+from ampkit.cli.hardstop import exit_promptly
 
 __all__ = ["register", "run"]
 
@@ -66,6 +67,8 @@ def _split(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def run(args) -> int:
+    if args.out:
+        check_writable(args.out, "--out")  # before torch loads and minutes of measuring, not after
     from ampkit.bench import BenchConfig, run_bench
     from ampkit.tasks import parse_task_args
 
@@ -78,7 +81,8 @@ def run(args) -> int:
         if len(sys.argv) > 1 and sys.argv[1] == "bench" else None,
     )
     config.validate()
-    result = run_bench(config, progress=_Progress())
+    with exit_promptly("bench"):  # Ctrl-C within seconds, even inside one long step on the CPU
+        result = run_bench(config, progress=_Progress())
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2, default=str)
@@ -87,6 +91,11 @@ def run(args) -> int:
         print_json(result)
     else:
         render(result)
+    if not any(r["status"] == "ok" for r in result["rows"]):
+        why = "; ".join(sorted({f"{r['runner']} {r['status']}: {_short(r['message'], 120)}" for r in result["rows"]}))
+        err_console().print(f"ampkit bench: error: nothing was measured ({why or 'no runner applies'}): pick other "
+                            f"--runners or --precision", highlight=False, soft_wrap=True)
+        return 1
     return 0
 
 

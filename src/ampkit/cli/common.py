@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 __all__ = ["add_device_arg", "add_precision_arg", "add_fp32_modules_arg", "add_fp8_recipe_arg", "print_json", "console",
-           "err_console"]
+           "err_console", "check_writable"]
 
 PIPE_WIDTH = 200  # columns of a table when the output is not a terminal (and $COLUMNS is not set)
 
@@ -38,6 +38,23 @@ def add_fp8_recipe_arg(p: argparse.ArgumentParser, what: str) -> None:
 
     p.add_argument("--fp8-recipe", default=FP8_RECIPES[0], choices=FP8_RECIPES,
                    help=f"{what}: torchao's scaling recipe ({FP8_RECIPES[0]} is fastest on Hopper)")
+
+
+def check_writable(path: str, flag: str) -> None:
+    """A one-line UsageError when ``path`` cannot be written (checked by opening it, before the work; a file
+    that was not there is removed again)."""
+    from ampkit.errors import UsageError
+
+    existed = os.path.exists(path)
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a folder: give a file name (e.g. {os.path.join(path, 'bench.json')})")
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {path} cannot be written ({exc.strerror}): pick a writable place") from None
+    if not existed:
+        os.remove(path)
 
 
 def print_json(obj: Any) -> None:
