@@ -30,7 +30,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Adds "(default: X)" once, and only where it says something: not when the help already names its default,
+    nor for switches, empty lists or None (the help says what not giving the option means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text.lower() or default is None or default is False or default == [] \
+                or default == argparse.SUPPRESS or action.nargs == 0 or not action.option_strings:
+            return text
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,7 +44,8 @@ def register(sub, formatter_class):
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd model + loss")
     p.add_argument("--no-eager", action="store_true", help="with --compile: compiled configurations only")
     p.add_argument("--compile-mode", default=None, metavar="MODE",
-                   help="torch.compile mode (e.g. max-autotune-no-cudagraphs); default: torch's default")
+                   help="with --compile: torch.compile's mode (reduce-overhead, max-autotune, "
+                        "max-autotune-no-cudagraphs; not given: torch's own)")
     p.add_argument("--graph", action="store_true", help="add the whole-step graph runner (MixedPrecision(graph=True))")
     p.add_argument("--runners", default=None, metavar="LIST", help=f"comma list of {', '.join(RUNNERS)}")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="timed steps per runner (20 GPU, 10 CPU)")
@@ -52,7 +53,7 @@ def register(sub, formatter_class):
     p.add_argument("--rounds", type=int, default=None, metavar="R",
                    help="interleaved rounds (plain, ampkit, ..., then reversed): median and spread per runner "
                         "(5 GPU, 1 CPU)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the synthetic batches")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the result object as JSON on stdout (nothing else)")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
