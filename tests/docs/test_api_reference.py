@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs"))
 from griffe_sphinx import convert_roles, fence_doctests  # noqa: E402
 
-LITERAL_ROLE = re.compile(r":(?:class|meth|mod|func|attr|exc|data|obj):`")
+LITERAL_ROLE = re.compile(r":(?:class|meth|mod|func|attr|exc|data|obj):(?:`|<code>)")  # Markdown made ` into <code>
 
 
 def test_roles_become_inline_code():
