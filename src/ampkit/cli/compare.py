@@ -6,6 +6,7 @@ import sys
 
 from ampkit.cli.common import ProgressView, add_device_arg, add_fp32_modules_arg, add_precision_arg, console, print_json
 from ampkit.cli.train import add_task_args
+from ampkit.training.speed import describe
 
 EXAMPLES = """examples:
   ampkit compare                                   # digits, the device's low precision, 3 seeds
@@ -153,6 +154,20 @@ class _Progress(ProgressView):
                 self.err.print(f"explain: {ev['what']}", highlight=False)
 
 
+def within(r) -> str:
+    """What a PASS was measured against: the seed-to-seed spread needs two seeds or more."""
+    if len(r.seeds) < 2:
+        return "within the margins (one seed: no seed-to-seed spread was measured; --seeds 3 measures it)"
+    return "within the seed-to-seed spread"
+
+
+def next_step(r) -> str:
+    """What to do after a PASS: the same precision in the user's own training."""
+    prec = r.precision
+    return (f"train with {prec.upper()} in your own loop: ampkit.MixedPrecision(\"{prec}\") (docs/api/engine.md), "
+            f"or ampkit train --task yours.py:make_task --precision {prec}")
+
+
 def _num(v, fmt="{:.4g}") -> str:
     return "n/a" if v is None else fmt.format(v)
 
@@ -163,6 +178,8 @@ def _summary(r) -> None:
     out = console()
     amp = r.precision.upper()
     m = r.final_metric
+    if r.task_description:
+        out.print(f"task: {r.task_description}", highlight=False)  # what was measured on what (e.g. the test set)
     t = Table(title=f"{r.task}: FP32 vs {amp} on {r.device['name']} ({r.device['str']}), "
                     f"{len(r.seeds)} seeds x {r.steps} steps", title_justify="left")
     t.add_column("")
@@ -183,7 +200,7 @@ def _summary(r) -> None:
     t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
     sp = r.ratios.get("speedup")
     t.add_row("samples/s (median)", _num(r.throughput.get("fp32"), "{:,.0f}"), _num(r.throughput.get("amp"), "{:,.0f}"),
-              f"speed-up {sp:.2f}x" if sp else "")
+              f"speed-up {describe(r.ratios.get('speedup_spread'), sp)}" if sp else "")
     mem = r.memory
     saving = r.ratios.get("memory_saving")
     t.add_row("peak memory", _num(mem.get("fp32") and mem["fp32"] / 2**20, "{:,.0f} MiB"),
@@ -201,7 +218,7 @@ def _summary(r) -> None:
     for n in r.notes:
         out.print(f"note: {n}", highlight=False)
     if r.passed:
-        out.print(f"[bold green]PASS[/]: {amp} matches FP32 within the seed-to-seed spread")
+        out.print(f"[bold green]PASS[/]: {amp} matches FP32 {within(r)}")
     else:
         out.print(f"[bold red]FAIL[/]: {amp} does not match FP32")
         for reason in r.reasons:
@@ -210,6 +227,8 @@ def _summary(r) -> None:
     _explain(out, r)
     if not r.passed and r.explain is None:
         out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
+    elif r.passed:
+        out.print(f"next: {next_step(r)}", highlight=False, soft_wrap=True)
     if r.report:
         out.print(f"report: {r.report}  (json: {r.report.rsplit('/', 1)[0]}/compare.json)", highlight=False)
 
