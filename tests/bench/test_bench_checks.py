@@ -104,6 +104,7 @@ SLOW_TASK = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # 22 s on the busy 2-core machine
 def test_ctrl_c_inside_one_long_torch_call_stops_within_seconds(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW_TASK)
     proc = subprocess.Popen([sys.executable, "-m", "ampkit", "bench", "--model", "slow.py:make_task", "--runners",

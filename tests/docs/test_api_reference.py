@@ -44,6 +44,7 @@ def site(tmp_path_factory):
     return out, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # builds the site: 22 s on the busy 2-core machine
 def test_rendered_reference_has_no_literal_role_or_quoted_prompt(site):
     out, _ = site
     page = (out / "api" / "reference" / "index.html").read_text(encoding="utf-8")
@@ -53,6 +54,7 @@ def test_rendered_reference_has_no_literal_role_or_quoted_prompt(site):
     assert "<blockquote>\n<blockquote>" not in page and "<blockquote><blockquote>" not in page
 
 
+@pytest.mark.slow
 def test_docs_build_is_quiet(site):
     _, log = site
     for noise in ("ProperDocs", "end of life", "requires either Black or Ruff"):

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import OVERFLOW_NORM, TOY
 
+pytestmark = pytest.mark.slow  # 3 real comparisons in subprocesses: about 70 s each on the busy 2-core machine
+
 
 def _start(tmp_path, *extra: str) -> subprocess.Popen:
     out = tmp_path / "cmp"
