@@ -15,7 +15,7 @@ CONTRACT = {
     "compare": ["--task", "--precision", "--seeds", "--steps", "--out", "--fp32-modules", "--explain",
                 "--explain-budget", "--no-graph"],
     "audit": ["--task", "--precision", "--json", "--fp32-modules"],
-    "diagnose": ["--steps", "--json"],
+    "diagnose": ["--steps", "--json", "--replay", "--fix-check"],
     "migrate": ["--fix", "--target", "--select", "--json", "--jobs"],
     "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json", "--rounds"],
 }

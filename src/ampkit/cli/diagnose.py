@@ -13,6 +13,8 @@ EXAMPLES = """examples:
   ampkit diagnose --steps 200 train.py            # look further into the run
   ampkit diagnose --json findings.json train.py   # findings as JSON: [{code, message, where, fix, step}]
   ampkit diagnose --fp16-range train.py           # FP32 run: which modules would overflow/underflow FP16
+  ampkit diagnose --replay runs/x                 # a halted `ampkit train --out runs/x`: find the op
+  ampkit diagnose --replay runs/x:120 --fix-check # replay step 120; check the suggested fix holds
 
 exit status: 0 no findings, 1 findings (or the script failed), 2 usage error.
 Options go before SCRIPT; everything after SCRIPT is passed to it unchanged.
@@ -34,7 +36,10 @@ def register(sub, formatter_class):
     p.add_argument("--fp16-range", action="store_true",
                    help="run in FP32 (autocast and GradScaler forced off) and predict FP16 overflow/underflow "
                         "per module, the initial loss scale and the modules to keep in FP32")
-    p.add_argument("script", metavar="SCRIPT", help="the training script")
+    from ampkit.cli.replay import add_replay_args
+
+    add_replay_args(p)
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
     p.set_defaults(func=run)
     return p
@@ -53,6 +58,12 @@ def _positive(text: str) -> int:
 def run(args) -> int:
     from ampkit.diagnose import diagnose_script, fp16_range_script
 
+    if args.replay is not None or args.fix_check:
+        from ampkit.cli.replay import run_replay
+
+        return run_replay(args, _write_json, _console)
+    if args.script is None:
+        raise UsageError("SCRIPT is required (the training script), or --replay RUN_DIR for a run of `ampkit train`")
     if args.script.startswith("-"):
         raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit diagnose --help)")
     if args.fp16_range:

@@ -144,6 +144,12 @@ def run(args) -> int:
     )
     config.validate()
     if args.nproc is not None:
+        if config.out:  # before torchrun starts: one line here, not one per rank
+            from pathlib import Path
+
+            from ampkit.training.record import refuse_existing_run
+
+            refuse_existing_run(Path(config.out), resume=config.resume)
         return _launch(args)
     with _Bar(enabled=main_rank and not args.json and sys.stderr.isatty()) as bar:
         result = train(config, progress=bar if main_rank else None)

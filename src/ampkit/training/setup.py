@@ -23,6 +23,7 @@ from ampkit.engine.regions import FP32Regions
 from ampkit.tasks import Task, load_task
 from ampkit.training.callbacks import load_callbacks
 from ampkit.training.config import TrainConfig
+from ampkit.training.record import refuse_existing_run
 
 __all__ = ["Run", "build_run", "make_optimizer"]
 
@@ -133,6 +134,8 @@ def build_run(config: TrainConfig, ctx: DistContext | None, device: Device, *, t
         if precision is not None and precision.device != device:
             precision = dataclasses.replace(precision, device=device)
     out = Path(config.out) if config.out else None
+    if out is not None:  # every rank: a refusal must not leave the others waiting at the barrier
+        refuse_existing_run(out, resume=config.resume or (ctx is not None and ctx.restart_count > 0))
     if (ctx is None or ctx.is_main) and out is not None:
         prepare_folder(out)
     if ctx is not None:
