@@ -6,7 +6,6 @@ import sys
 
 from ampkit.cli.common import ProgressView, add_device_arg, add_fp32_modules_arg, add_precision_arg, console, print_json
 from ampkit.cli.train import add_task_args
-from ampkit.training.speed import describe
 
 EXAMPLES = """examples:
   ampkit compare                                   # digits, the device's low precision, 3 seeds
@@ -174,6 +173,8 @@ def _num(v, fmt="{:.4g}") -> str:
 
 def _summary(r) -> None:
     from rich.table import Table
+
+    from ampkit.training.speed import describe
 
     out = console()
     amp = r.precision.upper()
