@@ -1,6 +1,6 @@
 """Time the main job, `ampkit compare` (digits, defaults), on this machine's CPU: CPU time and wall time.
 
-    python benchmarks/cpu_compare_timing.py            # measure, write benchmarks/results/cpu-compare-timing.json
+    python benchmarks/cpu_compare_timing.py            # measure, write benchmarks/cpu-compare-timing.json
     python benchmarks/cpu_compare_timing.py --pages    # and rewrite the sentence on every page that states it
 
 The JSON is the one place the figure lives. README.md and the docs pages carry it between
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "cpu-compare-timing.json"
+RESULT = ROOT / "benchmarks" / "cpu-compare-timing.json"
 PAGES = ("README.md", "docs/getting-started.md", "docs/commands/compare.md")
 MARK = re.compile(r"<!-- compare-timing -->(.*?)<!-- /compare-timing -->", re.S)
 

@@ -1,4 +1,4 @@
-"""The main job's timing is stated once (benchmarks/results/cpu-compare-timing.json) and every page that gives
+"""The main job's timing is stated once (benchmarks/cpu-compare-timing.json) and every page that gives
 it says exactly that: a page with another figure fails here."""
 
 from __future__ import annotations
