@@ -140,6 +140,7 @@ def run(args) -> int:
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
         tensorboard=args.tensorboard, strategy=args.strategy, init_scale=args.init_scale,
         fp32_modules=args.fp32_modules, graph=False if args.no_graph else None, fp8_recipe=args.fp8_recipe,
+        fp8_layers=args.fp8_layers,
         callbacks=tuple(args.callback), stop_signal=args.stop_signal, stop_check_every=args.stop_check_every,
     )
     config.validate()
