@@ -41,6 +41,7 @@ def _launch_and_signal(args: list[str], out, dump, sig: int = signal.SIGTERM, ti
     return proc.returncode, stdout, stderr
 
 
+@pytest.mark.slow  # 38-62 s on the busy 2-core machine (--durations)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_sigterm_stops_every_rank_at_one_step_and_resume_matches(tmp_path, strategy):
     out, dump = tmp_path / "run", tmp_path / "dump"

@@ -64,6 +64,7 @@ def test_train_with_the_flag_keeps_the_norm_in_fp32(flag, tmp_path, capsys):
     assert any("FP32 regions: norm" in n for n in out["notes"]), out["notes"]
 
 
+@pytest.mark.slow  # 31 s on the busy 2-core machine (--durations)
 def test_compare_fails_without_the_flag_and_passes_with_it(flag, tmp_path, capsys):
     args = ["compare", "--task", TASK, "--precision", "fp16", "--seeds", "2", "--steps", "20", "--no-audit"]
     assert main([*args, "--out", str(tmp_path / "without")]) == 1

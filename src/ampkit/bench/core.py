@@ -25,6 +25,17 @@ __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
 
 from ampkit.choices import BENCH_PRECISIONS, FP8_LAYERS, FP8_RECIPES  # noqa: E402  (BENCH_PRECISIONS re-exported)
 Progress = Callable[[dict[str, Any]], None]
+# torch.compile's modes, checked before anything is measured (this torch's own list where it gives one).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_modes() -> tuple[str, ...]:
+    try:
+        from torch._inductor import list_mode_options
+
+        return tuple(list_mode_options()) or COMPILE_MODES
+    except Exception:  # noqa: BLE001 - a torch without the listing: the documented modes
+        return COMPILE_MODES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +82,14 @@ class BenchConfig:
             raise UsageError(f"--rounds must be >= 1, got {self.rounds}")
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.runners and not self.eager and all(r in PEERS for r in self.runners):
+            raise UsageError(f"nothing to measure: {', '.join(self.runners)} run eager only (they have no compiled "
+                             f"path here): drop --no-eager or add plain or ampkit to --runners")
+        if self.compile_mode is not None and self.compile_mode not in compile_modes():
+            raise UsageError(f"--compile-mode {self.compile_mode!r} is not a torch.compile mode: use "
+                             f"{', '.join(compile_modes())}")
+        if self.compile_mode is not None and not self.compile:
+            raise UsageError("--compile-mode sets how --compile compiles: add --compile")
         for recipe in self.fp8_recipes or ("",):
             if recipe not in FP8_RECIPES:
                 raise UsageError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
@@ -110,7 +129,7 @@ def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[t
             out.append((label if label != "auto" else prec.name, prec))
         if not device.is_accelerator and all(label != "fp32" for label, _ in out):
             out.insert(0, ("fp32", _resolve("fp32", device)))
-            notes.append("fp32 added as the reference: on the CPU autocast is often slower than FP32")
+            notes.append("fp32 added as the reference: on the CPU autocast can be slower than FP32")
         return list({label: (label, prec) for label, prec in out}.values())
     wanted = ("fp32", "tf32", "bf16", "fp16") if device.is_accelerator else ("fp32", "bf16")
     out = []

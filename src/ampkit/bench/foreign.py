@@ -29,7 +29,16 @@ RESNET50 = {"batch_size": 128, "image_size": 224, "num_classes": 1000, "lr": 0.0
             "weight_decay": 1e-4, "channels_last": True}
 HF_GPT2 = {"batch_size": 16, "seq_len": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
            "lr": 6e-4, "weight_decay": 0.1}
+SIZE_OPTIONS = {"batch_size", "seq_len", "image_size", "n_layer", "n_embd"}  # any of them: the user sized it
+CPU_HINT = {"resnet50": "--task-arg batch_size=4 --task-arg image_size=64",
+            "hf-gpt2": "--task-arg batch_size=2 --task-arg seq_len=128 --task-arg n_layer=2"}
 FOREIGN = {"resnet50": ("torchvision", "vision", RESNET50), "hf-gpt2": ("transformers", "hf", HF_GPT2)}
+
+
+def _size(name: str, o: dict[str, Any]) -> str:
+    if name == "resnet50":
+        return f"{o['batch_size']} images of {o['image_size']}x{o['image_size']} a step"
+    return f"{o['batch_size']} x {o['seq_len']} tokens a step, {o['n_layer']} layers"
 
 
 def _import(module: str, extra: str, model: str) -> Any:
@@ -51,6 +60,10 @@ def build_foreign(name: str, device: Device, seed: int, options: dict[str, Any])
     module, extra, defaults = FOREIGN[name]
     lib = _import(module, extra, name)
     opts = _options(defaults, options, name)
+    if not device.is_accelerator and not set(options) & SIZE_OPTIONS:
+        # Sized for a GPU: hf-gpt2's 16 x 1024 tokens grew past 19 GB on the CPU, in minutes per step.
+        raise UsageError(f"--model {name} is sized for a GPU ({_size(name, opts)}), far too large for the CPU: "
+                         f"size it down, e.g. {CPU_HINT[name]}, or run on an accelerator")
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     return (_resnet50 if name == "resnet50" else _hf_gpt2)(lib, opts, g)

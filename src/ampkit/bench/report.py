@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ampkit.training.speed import speed_ratio
+
 __all__ = ["evaluate_bars", "make_notes", "BARS"]
 
 # The targets from the benchmark issue; each bar is evaluated where the result has its figures.
@@ -117,15 +119,22 @@ def make_notes(result: dict[str, Any]) -> list[str]:
                     continue
                 if r["precision"] not in ("bf16", "fp16"):
                     continue
-                ratio = r["ms_per_step"] / ref["ms_per_step"]
+                # fp32 time over autocast time, round by round: above 1 autocast is faster.
+                speed = speed_ratio(ref.get("ms_rounds") or [ref["ms_per_step"]],
+                                    r.get("ms_rounds") or [r["ms_per_step"]], unit="round")
                 mode = _mode(compiled)
-                if ratio > 1.0:
-                    notes.append(f"on the CPU autocast {r['precision']} is {ratio:.1f}x slower than fp32 for {model} "
-                                 f"({mode}: {r['ms_per_step']:.2f} vs {ref['ms_per_step']:.2f} ms/step): train in "
-                                 f"fp32 there (--precision fp32)")
+                times = f"{mode}: {r['ms_per_step']:.2f} vs {ref['ms_per_step']:.2f} ms/step"
+                if speed.within_noise:
+                    notes.append(f"on the CPU autocast {r['precision']} is neither faster nor slower than fp32 for "
+                                 f"{model} beyond the noise ({times}): speed {speed.text()}")
+                elif speed.median < 1.0:
+                    advice = "train in fp32 there (--precision fp32)" if speed.spread else \
+                        "if that holds over --rounds 3 or more, train in fp32 there (--precision fp32)"
+                    notes.append(f"on the CPU autocast {r['precision']} is slower than fp32 for {model} ({times}): "
+                                 f"speed {speed.text()}: {advice}")
                 else:
-                    notes.append(f"on the CPU autocast {r['precision']} is {1 / ratio:.1f}x faster than fp32 for "
-                                 f"{model} ({mode}: {r['ms_per_step']:.2f} vs {ref['ms_per_step']:.2f} ms/step)")
+                    notes.append(f"on the CPU autocast {r['precision']} is faster than fp32 for {model} ({times}): "
+                                 f"speed {speed.text()}")
     for r in rows:
         if r["status"] == "refused":
             notes.append(f"{r['runner']} refused {r['precision']} ({_mode(r['compiled'])}): {r['message']}")

@@ -14,6 +14,7 @@ import os
 import sys
 
 from ampkit.errors import AmpkitError
+from ampkit.verify.interrupt import Interrupted
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -29,7 +30,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Adds "(default: X)" once, and only where it says something: not when the help already names its default,
+    nor for switches, empty lists or None (the help says what not giving the option means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text.lower() or default is None or default is False or default == [] \
+                or default == argparse.SUPPRESS or action.nargs == 0 or not action.option_strings:
+            return text
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from ampkit.cli.precheck import precheck
+
+        precheck(args)  # before any command imports torch: a bad value is rejected in well under 2 s
         return int(args.func(args) or 0)
     except AmpkitError as exc:
         print(f"ampkit {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Interrupted as exc:  # compare: a signal ends the whole comparison, and nothing cut short is judged
+        print(f"ampkit {args.command}: {exc}: no verdict was written", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"ampkit {args.command}: interrupted", file=sys.stderr)

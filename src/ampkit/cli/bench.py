@@ -6,7 +6,8 @@ import json
 import shlex
 import sys
 
-from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, console, err_console, print_json
+from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, check_writable, console, err_console, print_json
+from ampkit.cli.hardstop import exit_promptly
 
 __all__ = ["register", "run"]
 
@@ -45,7 +46,8 @@ def register(sub, formatter_class):
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd model + loss")
     p.add_argument("--no-eager", action="store_true", help="with --compile: compiled configurations only")
     p.add_argument("--compile-mode", default=None, metavar="MODE",
-                   help="torch.compile mode (e.g. max-autotune-no-cudagraphs); default: torch's default")
+                   help="with --compile: torch.compile's mode (reduce-overhead, max-autotune, "
+                        "max-autotune-no-cudagraphs; not given: torch's own)")
     p.add_argument("--graph", action="store_true", help="add the whole-step graph runner (MixedPrecision(graph=True))")
     p.add_argument("--runners", default=None, metavar="LIST", help=f"comma list of {', '.join(RUNNERS)}")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="timed steps per runner (20 GPU, 10 CPU)")
@@ -53,7 +55,7 @@ def register(sub, formatter_class):
     p.add_argument("--rounds", type=int, default=None, metavar="R",
                    help="interleaved rounds (plain, ampkit, ..., then reversed): median and spread per runner "
                         "(5 GPU, 1 CPU)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the synthetic batches")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the result object as JSON on stdout (nothing else)")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
@@ -68,6 +70,8 @@ def _split(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def run(args) -> int:
+    if args.out:
+        check_writable(args.out, "--out")  # before torch loads and minutes of measuring, not after
     from ampkit.bench import BenchConfig, run_bench
     from ampkit.tasks import parse_task_args
 
@@ -80,7 +84,8 @@ def run(args) -> int:
         if len(sys.argv) > 1 and sys.argv[1] == "bench" else None,
     )
     config.validate()
-    result = run_bench(config, progress=_Progress())
+    with exit_promptly("bench"):  # Ctrl-C within seconds, even inside one long step on the CPU
+        result = run_bench(config, progress=_Progress())
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2, default=str)
@@ -89,6 +94,11 @@ def run(args) -> int:
         print_json(result)
     else:
         render(result)
+    if not any(r["status"] == "ok" for r in result["rows"]):
+        why = "; ".join(sorted({f"{r['runner']} {r['status']}: {_short(r['message'], 120)}" for r in result["rows"]}))
+        err_console().print(f"ampkit bench: error: nothing was measured ({why or 'no runner applies'}): pick other "
+                            f"--runners or --precision", highlight=False, soft_wrap=True)
+        return 1
     return 0
 
 

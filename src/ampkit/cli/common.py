@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 __all__ = ["add_device_arg", "add_precision_arg", "add_fp32_modules_arg", "add_fp8_recipe_arg", "print_json", "console",
-           "err_console"]
+           "err_console", "check_writable"]
+
+PIPE_WIDTH = 200  # columns of a table when the output is not a terminal (and $COLUMNS is not set)
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
@@ -45,21 +48,46 @@ def add_fp8_recipe_arg(p: argparse.ArgumentParser, what: str, *, several: bool =
                         "filter allows, speed not checked")
 
 
+def check_writable(path: str, flag: str) -> None:
+    """A one-line UsageError when ``path`` cannot be written (checked by opening it, before the work; a file
+    that was not there is removed again)."""
+    from ampkit.errors import UsageError
+
+    existed = os.path.exists(path)
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a folder: give a file name (e.g. {os.path.join(path, 'bench.json')})")
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {path} cannot be written ({exc.strerror}): pick a writable place") from None
+    if not existed:
+        os.remove(path)
+
+
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
 
 
-def console():
+def _console(stderr: bool):
     from rich.console import Console
 
-    return Console()
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty() or os.environ.get("COLUMNS"):
+        return Console(stderr=stderr)
+    # A pipe or a log file: rich would wrap at 80 columns and break log lines in two; lines stay whole.
+    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+
+
+def console():
+    """Rich console on stdout (whole lines when it is not a terminal)."""
+    return _console(stderr=False)
 
 
 def err_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
+    """Rich console on stderr (whole lines when it is not a terminal)."""
+    return _console(stderr=True)
 
 
 class ProgressView:

@@ -142,7 +142,9 @@ def run(args) -> int:
     budget, factor = _budget(args.explain_budget)
     if args.explain_budget is not None and not args.explain:
         raise UsageError("--explain-budget limits --explain: add --explain")
-    with _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
+    from ampkit.verify.interrupt import stop_on_signals
+
+    with stop_on_signals(), _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
         result = compare(args.task, precision=args.precision, seeds=args.seeds, steps=args.steps,
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
@@ -163,6 +165,7 @@ class _Progress(ProgressView):
         self.quiet = quiet
         self.bar = None
         self.steps = 0
+        self.desc, self.run_steps = "run", 0
 
     def __call__(self, ev: dict) -> None:
         kind = ev.get("event")
@@ -183,11 +186,16 @@ class _Progress(ProgressView):
                 self.bar = self.progress.add_task("compare", total=ev["runs"] * ev["steps"], info="")
         elif kind == "run_start":
             desc = f"run {ev['run']}/{ev['runs']} seed {ev['seed']} {ev['precision']}"
+            self.desc, self.run_steps = desc, ev.get("total", self.steps)
             if self.progress is not None:
                 # runs can grow: when only one precision could be graphed, the graphed runs are trained again
                 self.progress.update(self.bar, description=desc, total=ev["runs"] * self.steps,
                                      completed=(ev["run"] - 1) * self.steps)
-        elif kind == "log" and self.progress is not None:
+        elif kind == "log" and self.progress is None:  # a log file or a pipe: one line per logged step
+            loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
+            self.err.print(f"{self.desc}: step {ev['step']}/{self.run_steps} loss {loss}" + (f" scale {ev['scale']:g}" if ev.get("scale", 1) != 1 else ""),
+                           highlight=False)
+        elif kind == "log":
             loss = "nan" if ev["loss"] is None else f"{ev['loss']:.4f}"
             self.progress.update(self.bar, completed=(ev["run"] - 1) * self.steps + ev["step"],
                                  info=f"loss {loss}" + (f" scale {ev['scale']:g}" if ev.get("scale", 1) != 1 else ""))
@@ -209,6 +217,13 @@ class _Progress(ProgressView):
                 self.err.print(f"explain: {ev['what']}", highlight=False)
 
 
+def next_step(r) -> str:
+    """What to do after a PASS: the same precision in the user's own training."""
+    prec = r.precision
+    return (f"train with {prec.upper()} in your own loop: ampkit.MixedPrecision(\"{prec}\") (docs/api/engine.md), "
+            f"or ampkit train --task yours.py:make_task --precision {prec}")
+
+
 def _num(v, fmt="{:.4g}") -> str:
     return "n/a" if v is None else fmt.format(v)
 
@@ -216,9 +231,13 @@ def _num(v, fmt="{:.4g}") -> str:
 def _summary(r) -> None:
     from rich.table import Table
 
+    from ampkit.training.speed import describe
+
     out = console()
     amp = r.precision.upper()
     m = r.final_metric
+    if r.task_description:
+        out.print(f"task: {r.task_description}", highlight=False)  # what was measured on what (e.g. the test set)
     t = Table(title=f"{r.task}: FP32 vs {amp} on {r.device['name']} ({r.device['str']}), "
                     f"{len(r.seeds)} seeds x {r.steps} steps", title_justify="left")
     t.add_column("")
@@ -238,8 +257,9 @@ def _summary(r) -> None:
     last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
     t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
     sp = r.ratios.get("speedup")
-    t.add_row(f"{r.throughput.get('unit', 'samples/s')} (median)", _num(r.throughput.get("fp32"), "{:,.0f}"), _num(r.throughput.get("amp"), "{:,.0f}"),
-              f"speed-up {sp:.2f}x" if sp else "")
+    t.add_row(f"{r.throughput.get('unit', 'samples/s')} (median)", _num(r.throughput.get("fp32"), "{:,.0f}"),
+              _num(r.throughput.get("amp"), "{:,.0f}"),
+              f"speed-up {describe(r.ratios.get('speedup_spread'), sp)}" if sp else "")
     mem = r.memory
     saving = r.ratios.get("memory_saving")
     t.add_row("peak memory", _num(mem.get("fp32") and mem["fp32"] / 2**20, "{:,.0f} MiB"),
@@ -271,6 +291,8 @@ def _summary(r) -> None:
     _explain(out, r)
     if r.verdict == "fail" and r.explain is None:
         out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
+    elif r.passed:
+        out.print(f"next: {next_step(r)}", highlight=False, soft_wrap=True)
     if r.source:
         out.print(f"runs came from your script: {r.task_description} (each run a fresh process; outputs: "
                   f"{r.source.get('runs_folder') or 'not kept'})", highlight=False, soft_wrap=True)

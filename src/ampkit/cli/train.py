@@ -33,14 +33,16 @@ def register(sub, formatter_class):
     add_precision_arg(p)
     add_device_arg(p)
     p.add_argument("--steps", type=int, default=None, help="total optimizer steps of the run (default: the task's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the task (initial weights, data order) and torch's generators: same seed, same run")
     p.add_argument("--out", default=None, metavar="DIR", help="metrics.jsonl and checkpoints/ go here")
     p.add_argument("--ckpt-every", type=int, default=None, metavar="K", help="checkpoint every K steps")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     p.add_argument("--log-every", type=int, default=10, metavar="L", help="log metrics every L steps")
     p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint in --out")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the gradient norm (0: no clipping)")
-    p.add_argument("--accumulation-steps", type=int, default=1, metavar="A")
+    p.add_argument("--accumulation-steps", type=int, default=1, metavar="A",
+                   help="backward passes per optimizer step (gradient accumulation): A batches make one step")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     p.add_argument("--tf32", action="store_true", default=None, help="allow TF32 for FP32 matmuls")
     p.add_argument("--no-fused", action="store_true", help="use the foreach AdamW instead of the fused one")

@@ -43,6 +43,7 @@ from ampkit.tasks import Task, load_task
 from ampkit.verify.band import MARGINS
 from ampkit.verify.judge import SETTINGS, Verdict, judge
 from ampkit.verify.result import CompareResult
+from ampkit.training.speed import describe, speed_ratio
 from ampkit.verify.runs import Run, RunPlan, median, outcome
 
 __all__ = ["compare", "CompareResult", "judge_runs", "write_outputs"]
@@ -147,19 +148,22 @@ def _perf(runs: dict[str, dict[int, Run]], dev: Device, label: str) -> tuple[dic
     sps = {side: median([r.result.samples_per_s for r in runs[side].values()]) for side in runs}
     peaks = {side: [r.result.peak_mem_bytes for r in runs[side].values()] for side in runs}
     peak = {side: (max(v) if v and all(x is not None for x in v) else None) for side, v in peaks.items()}
-    speedup = sps["amp"] / sps["fp32"] if sps["amp"] and sps["fp32"] else None
+    # Seed s in AMP over seed s in FP32 (they ran back to back): the median and the spread across seeds.
+    ratio = speed_ratio([runs["amp"][s].result.samples_per_s if s in runs["amp"] else None for s in runs["fp32"]],
+                        [r.result.samples_per_s for r in runs["fp32"].values()])
+    speedup = ratio.median
     saving = 1.0 - peak["amp"] / peak["fp32"] if peak["amp"] and peak["fp32"] else None
     notes = []
     if peak["fp32"] is None:
         notes.append(f"peak memory: n/a on {dev.type.upper()} (torch does not track these allocations)")
-    if speedup is not None and speedup < 1.0:
-        extra = " (CPU autocast often is: the casts cost more than the low-precision kernels save)" \
-            if not dev.is_accelerator else ""
-        notes.append(f"{label} was slower than FP32 here: {speedup:.2f}x the samples/s{extra}")
+    if ratio.within_noise:  # no cause is given: none was measured
+        notes.append(f"speed-up {ratio.text()}: the seeds do not agree on faster or slower on this machine")
+    elif speedup is not None and speedup < 1.0:
+        notes.append(f"{label} was slower than FP32 here: samples/s {ratio.text()}")
     throughput = {"fp32": sps["fp32"], "amp": sps["amp"], "unit": "samples/s",
                   "per_seed": {side: {s: r.result.samples_per_s for s, r in runs[side].items()} for side in runs}}
     return (throughput, {"fp32": peak["fp32"], "amp": peak["amp"], "unit": "bytes"},
-            {"speedup": speedup, "memory_saving": saving}, notes)
+            {"speedup": speedup, "speedup_spread": ratio.to_dict(), "memory_saving": saving}, notes)
 
 
 def _audit(plan: RunPlan, fp32_modules: tuple[str, ...], notes: list[str]) -> dict[str, Any] | None:
@@ -321,8 +325,9 @@ def _eager_too(plan: RunPlan, runs: dict[str, dict[int, Run]], ratios: dict[str,
     graph_speedup = ratios.get("speedup")
     if eager is None or graph_speedup is None:
         return []
-    return [f"speed-up {graph_speedup:.2f}x with the whole step captured as one device graph in both precisions "
-            f"({eager:.2f}x with eager steps): in your own loop use amp.graph_step(model, optimizer, loss_fn, batch) "
+    spread = describe(ratios.get("speedup_spread"), graph_speedup)
+    return [f"speed-up {spread} with the whole step captured as one device graph in both precisions "
+            f"({eager:.2f}x with eager steps, one seed: no spread measured): in your own loop use amp.graph_step(model, optimizer, loss_fn, batch) "
             f"with ampkit.MixedPrecision(\"{plan.amp.name}\", graph=True) and a fused, capturable optimizer"
             + ("" if graph_speedup >= eager else "; here eager steps are as fast: keep amp.step")]
 

@@ -15,10 +15,12 @@ import base64
 import html
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from ampkit.verify.result import CompareResult
+from ampkit.training.speed import describe
 
 __all__ = ["write_report", "render_html", "plot_pngs"]
 
@@ -98,13 +100,28 @@ def _metric_plot(r: CompareResult) -> bytes | None:
             ax.hlines(mean, x - 0.22, x + 0.22, color=color, linewidth=2)
     allowed = m.get("allowed")
     if allowed:
-        ax.axhspan(allowed[0], allowed[1], color=FP32_COLOR, alpha=0.12, label="FP32 mean ± tolerance")
-        ax.legend(fontsize=8, frameon=False, loc="lower center")
+        _allowed_bound(ax, allowed, bool(m.get("higher_is_better")))
     ax.set_xticks([0, 1], labels)
     ax.set_xlim(-0.6, 1.6)
     ax.set_title(f"Final {m['name']} per seed", fontsize=10, loc="left")
     _style(ax)
     return _png(fig)
+
+
+def _allowed_bound(ax: Any, allowed: list[float], higher_is_better: bool) -> None:
+    """The one bound that can fail, as a dashed line, and the failing side shaded: the allowed range itself
+    holds every seed and so would fill the whole axis (invisible)."""
+    bound = allowed[0] if higher_is_better else allowed[1]
+    lo, hi = ax.get_ylim()
+    pad = 0.25 * max(hi - lo, abs(bound) * 1e-3, 1e-9)
+    lo, hi = min(lo, bound - pad), max(hi, bound + pad)
+    ax.set_ylim(lo, hi)
+    if higher_is_better:
+        ax.axhspan(lo, bound, color=FAIL_COLOR, alpha=0.10, linewidth=0, label=f"fails below {bound:.4g}")
+    else:
+        ax.axhspan(bound, hi, color=FAIL_COLOR, alpha=0.10, linewidth=0, label=f"fails above {bound:.4g}")
+    ax.axhline(bound, color=FAIL_COLOR, linestyle="--", linewidth=1)
+    ax.legend(fontsize=8, frameon=False, loc="best")
 
 
 def _perf_plot(r: CompareResult) -> bytes:
@@ -116,7 +133,8 @@ def _perf_plot(r: CompareResult) -> bytes:
     bars = ax1.bar(labels, sps, color=colors, width=0.55)
     ax1.bar_label(bars, labels=[f"{v:,.2f}" if max(sps) < 10 else f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
     sp = r.ratios.get("speedup")
-    ax1.set_title(f"Throughput, {r.throughput.get('unit', 'samples/s')}" + (f" (speed-up {sp:.2f}x)" if sp else ""), fontsize=10, loc="left")
+    ax1.set_title(f"Throughput, {r.throughput.get('unit', 'samples/s')}"
+                  + (f"\nspeed-up {describe(r.ratios.get('speedup_spread'), sp)}" if sp else ""), fontsize=10, loc="left")
     ax1.margins(y=0.18)
     _style(ax1)
     mem = [r.memory.get("fp32"), r.memory.get("amp")]
@@ -266,14 +284,45 @@ def _cards(r: CompareResult) -> str:
     cards = [
         (f"final {m.get('name', 'metric')}", f"{_fmt_metric(m.get('amp_mean'), rate)}",
          f"{amp}; FP32 {_fmt_metric(m.get('fp32_mean'), rate)}"),
-        ("speed-up", f"{sp:.2f}x" if sp else "n/a",
-         f"{amp} vs FP32 {r.throughput.get('unit', 'samples/s')}" + (" (slower)" if sp is not None and sp < 1 else "")),
+        ("speed-up", f"{sp:.2f}x" if sp else "n/a", _speed_note(r, amp)),
         ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
          "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
         ("skipped steps", f"{total_skipped}", f"of {total_steps} {amp} steps"),
     ]
     return "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
                    f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
+
+
+def _speed_note(r: "CompareResult", amp: str) -> str:
+    """Under the speed-up card: the spread across seeds, or that none was measured (never a cause)."""
+    text = describe(r.ratios.get("speedup_spread"), r.ratios.get("speedup"))
+    return f"{amp} vs FP32 samples/s: {text.split(' ', 1)[1].strip('()') if ' ' in text else text}"
+
+
+def _test_set(r: "CompareResult") -> str:
+    """What the final metric was measured on, from the task's description ("... 360 test images ..."), and what
+    one percentage point is there."""
+    found = re.search(r"(\d[\d,]*) test (images|examples|samples|sequences)", r.task_description or "")
+    if not found:
+        return ""
+    n = int(found.group(1).replace(",", ""))
+    rate = "percentage point" in str(r.final_metric.get("margin_text", ""))
+    per_point = f"; 1 percentage point = {n / 100:g} {found.group(2)}" if rate and n else ""
+    return f"measured on {n:,} test {found.group(2)}{per_point}"
+
+
+def _next_step(r: "CompareResult") -> str:
+    """The 'what to do next' line: the flag or the API call for the user's own training."""
+    prec = r.precision
+    if r.passed:
+        return (f"<p class=\"next\" id=\"next\"><b>Next</b>: use {prec.upper()} in your own training: "
+                f"<code>ampkit.MixedPrecision(\"{_e(prec)}\")</code> in your loop, or "
+                f"<code>ampkit train --task yours.py:make_task --precision {_e(prec)}</code>.</p>")
+    if r.explain and (r.explain.get("recommendation") or {}).get("flags"):
+        return (f"<p class=\"next\" id=\"next\"><b>Next</b>: rerun with "
+                f"<code>{_e(r.explain['recommendation']['flags'])}</code> (see Explain below).</p>")
+    return (f"<p class=\"next\" id=\"next\"><b>Next</b>: <code>ampkit compare --task {_e(r.task)} --precision "
+            f"{_e(prec)} --explain</code> names the module that adds the error and tries fixes.</p>")
 
 
 def _audit_section(audit: dict[str, Any] | None) -> str:
@@ -401,6 +450,10 @@ def render_html(r: CompareResult, pngs: dict[str, bytes]) -> str:
         body = (f"<p>{amp} is within the tolerance of FP32 on every judged quantity (paired over "
                 f"{len(r.seeds)} seeds, one-sided {1 - r.margins.get('alpha', 0.05):.0%} bounds), no scale collapse, "
                 f"skipped steps within {r.margins['max_skip_share']:.0%}.</p>")
+    test_set = _test_set(r)
+    body += (f'<p class="task" id="task">{_e(r.task_description)}'
+             + (f" · final {_e(r.final_metric.get('name'))} {_e(test_set)}" if test_set else "") + "</p>"
+             if r.task_description else "") + _next_step(r)
     warns = "".join(f'<div class="warn"><b>{_e(w.get("code"))}</b>: {_e(w.get("message"))}'
                     + (f' (seeds {_e(", ".join(map(str, w["seeds"])))})' if len(w.get("seeds") or []) > 1 else "")
                     + (f'<br><span class="note">fix: {_e(w.get("fix"))}</span>' if w.get("fix") else "")

@@ -21,6 +21,7 @@ from ampkit.device.policy import Precision
 from ampkit.tasks import Task
 from ampkit.training.trainer import TrainConfig, TrainResult, train
 from ampkit.verify.band import RunOutcome
+from ampkit.verify.interrupt import finished
 
 __all__ = ["RunPlan", "Run", "Abort", "median", "outcome"]
 
@@ -102,7 +103,7 @@ class RunPlan:
                              log_every=min(self.log_every, steps or self.steps), evaluate=evaluate,
                              lr=lr if lr is not None else self.lr, max_consecutive_skips=None,
                              graph=self.graph if graph is None else graph, fp32_modules=tuple(fp32_modules) or None)
-        result = train(config, task=task, precision=precision, progress=progress)
+        result = finished(train(config, task=task, precision=precision, progress=progress))  # a stop ends all
         metric, value = _final_value(task, result) if evaluate else ("training loss", float("nan"))
         return task, Run(seed=seed, precision=precision.name, result=result, metric=metric, final=value,
                          wall_s=time.perf_counter() - t0, fp32_modules=tuple(fp32_modules))

@@ -1,0 +1,32 @@
+"""The speed ratio every renderer uses: paired, with its spread, 'within noise' when the spread covers 1.0."""
+
+import doctest
+
+import ampkit.training.speed as speed
+from ampkit.training.speed import describe, speed_ratio
+
+
+def test_pairs_median_spread_and_noise():
+    r = speed_ratio([1233, 600, 409], [800, 790, 805])  # the issue's per-seed samples/s, paired by seed
+    assert r.pairs == (1233 / 800, 600 / 790, 409 / 805) and r.median == 600 / 790
+    assert r.spread == (409 / 805, 1233 / 800) and r.within_noise is True
+    assert r.text().endswith("over 3 seeds: within noise)")
+    clear = speed_ratio([900, 950, 1000], [500, 510, 505])
+    assert clear.within_noise is False and "noise" not in clear.text()
+
+
+def test_one_pair_says_no_spread_was_measured():
+    r = speed_ratio([900], [450])
+    assert r.spread is None and r.within_noise is None and r.text() == "2.00x (one seed: no spread measured)"
+    assert speed_ratio([2.0], [1.0], unit="round").text() == "2.00x (one round: no spread measured)"
+
+
+def test_missing_or_bad_pairs_are_dropped_and_json_round_trips():
+    r = speed_ratio([None, float("nan"), 0.0, 300.0], [100.0, 100.0, 100.0, 100.0])
+    assert r.pairs == (3.0,)
+    assert describe(speed_ratio([1.0, 3.0], [1.0, 1.0]).to_dict()) == "2.00x (1.00x-3.00x over 2 seeds: within noise)"
+    assert describe(None, 1.5) == "1.50x (no spread measured)" and describe(None) == "n/a"
+
+
+def test_module_examples_run():
+    assert doctest.testmod(speed).failed == 0
