@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ampkit.checkpoint.content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
+from ampkit.checkpoint.content import check_loadable, check_module, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
 from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError
 
@@ -290,6 +290,7 @@ def restore(path_or_state: str | os.PathLike | dict[str, Any], *, model: nn.Modu
     >>> r = ampkit.restore("ckpt.pt", model=model, optimizer=opt, amp=amp)  # doctest: +SKIP
     >>> for step in range(r.step, total): ...                                 # doctest: +SKIP
     """
+    check_module(model)
     path: Path | None = None
     if isinstance(path_or_state, (str, os.PathLike)):
         path = Path(path_or_state)

@@ -155,13 +155,13 @@ class Guards:
         if self._seen.get(optimizer, -1) < amp._windows.backwards:
             self._refuse_scaled(amp, optimizer)
         self._seen[optimizer] = amp._windows.backwards
-        closure = kwargs.get("closure", args[0] if args else None)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
         if closure is None:
             return None
         wrapped = self._watch(closure)
         if "closure" in kwargs:
             return args, {**kwargs, "closure": wrapped}
-        return (wrapped, *args[1:]), kwargs
+        return (args[0], wrapped, *args[2:]), kwargs
 
     def _watch(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def watched() -> Any:
