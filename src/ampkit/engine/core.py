@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -112,7 +111,6 @@ class MixedPrecision:
         self._micro = 0  # backward -> step cycles, micro-steps included
         self._update_pending = False
         self._windows = Windows(self.accumulation_steps)
-        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> params checked
         self._schedules = Schedules()
         self._counters: DeviceCounters | None = None
         self._capturing = False
@@ -183,9 +181,8 @@ class MixedPrecision:
         ``scheduler``: an LR scheduler or a list; each advances only on applied steps.
         ``parameters``: what to clip (default: every parameter of the optimizers); the skip decision
         always covers every parameter of the optimizers.
-        ``flush``: step now even if the accumulation window is not complete (an epoch's last batches);
-        the gradients are multiplied by ``accumulation_steps / cycles`` so that the step is the mean of
-        the micro-batches it saw, as a whole window's is.
+        ``flush``: step now, the window incomplete (an epoch's last batches), as the mean of the
+        micro-batches it saw (gradients times ``accumulation_steps / cycles``).
         """
         self._check_open("step")
         if not optimizers:
@@ -197,7 +194,7 @@ class MixedPrecision:
         schedulers = Schedules.parse(scheduler)
         parameters = _step.as_parameters(parameters)
         for opt in optimizers:
-            self._check_weights(opt)
+            self._guards.check_weights(self, opt)
         self._windows.require_backward(optimizers)
         self._micro += 1
         cycles = self._windows.advance(optimizers, flush=flush)
@@ -305,13 +302,6 @@ class MixedPrecision:
         self._periodic_check()
 
     # ------------------------------------------------------------------ step helpers
-    def _check_weights(self, optimizer: torch.optim.Optimizer) -> None:
-        count = sum(len(g["params"]) for g in optimizer.param_groups)  # cheap: re-check only when it changes
-        if self._checked.get(optimizer) == count:
-            return
-        _step.check_weights(_step.params_of([optimizer]), self.precision.name, self.scaler is not None)
-        self._checked[optimizer] = count
-
     def sync_schedulers(self) -> None:
         """Bring every scheduler driven on the device (fused optimizers) to its true position: its
         ``last_epoch``, ``get_last_lr()`` and ``state_dict()`` are then right. One host read."""
@@ -428,9 +418,8 @@ class MixedPrecision:
 
     def _check_open(self, what: str) -> None:
         if self._closed:
-            raise UsageError(f"amp.{what} after amp.close(): a closed engine no longer trains (its TF32 "
-                             "settings and step hooks are gone); make a new MixedPrecision, or load this one's "
-                             "state_dict() into it")
+            raise UsageError(f"amp.{what} after amp.close(): a closed engine no longer trains; make a new "
+                             "MixedPrecision (load this one's state_dict() into it to continue)")
 
     def close(self) -> None:
         """End training with this engine (idempotent): put the TF32 switches it set back and remove its step

@@ -36,6 +36,7 @@ import torch
 import torch.optim.optimizer as _optim
 
 from ampkit import compat
+from ampkit.engine import step as _step
 from ampkit.errors import AmpkitError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,6 +90,7 @@ class Guards:
         # when this engine's amp.backward ran since (an engine left behind does not judge later loops)
         self._seen: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
         self._warned_fp32 = False
+        self._checked: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
         self._handle = _optim.register_optimizer_step_pre_hook(self._pre_hook)
         weakref.finalize(amp, self._handle.remove)
 
@@ -104,6 +106,15 @@ class Guards:
             yield
         finally:
             _stepping[0] -= 1
+
+    def check_weights(self, amp: "MixedPrecision", optimizer: torch.optim.Optimizer) -> None:
+        """FP16 weights under loss scaling refused, low-precision weights warned (:func:`step.check_weights`);
+        re-checked only when the optimizer's parameter count changes (``add_param_group``)."""
+        count = sum(len(g["params"]) for g in optimizer.param_groups)
+        if self._checked.get(optimizer) != count:
+            _step.check_weights(_step.params_of([optimizer]), amp.precision.name, amp.scaler is not None,
+                               stacklevel=5)
+            self._checked[optimizer] = count
 
     # ------------------------------------------------------------------ backward
     def before_backward(self, amp: "MixedPrecision", loss: torch.Tensor) -> None:
@@ -142,7 +153,7 @@ class Guards:
             warnings.warn(f"ampkit: {len(orphans)} parameter(s) (shapes {shapes}) get gradients from amp.backward "
                           f"but no optimizer stepped them in {TRACE_STEPS} steps: their gradients keep "
                           "accumulating. Pass their optimizer to amp.step (amp.step(opt_a, opt_b)), or freeze "
-                          "them (p.requires_grad_(False))", stacklevel=4)
+                          "them (p.requires_grad_(False))", stacklevel=5)
 
     # ------------------------------------------------------------------ the hook
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> Any:

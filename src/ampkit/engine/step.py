@@ -74,7 +74,8 @@ def as_parameters(parameters: object) -> list[torch.Tensor] | None:
     return items
 
 
-def check_weights(params: Iterable[torch.Tensor], precision_name: str, use_scaler: bool) -> None:
+def check_weights(params: Iterable[torch.Tensor], precision_name: str, use_scaler: bool, *,
+                  stacklevel: int = 4) -> None:
     """Refuse FP16 weights under loss scaling; warn about low-precision weights without FP32 master copies."""
     low = {torch.float16: 0, torch.bfloat16: 0}
     for p in params:
@@ -91,7 +92,7 @@ def check_weights(params: Iterable[torch.Tensor], precision_name: str, use_scale
             warnings.warn(
                 f"ampkit: {count} parameter(s) are {name} under {precision_name}: the optimizer updates them with no "
                 f"FP32 master copy, so small updates round away. Keep the model in FP32 (remove "
-                f"model.{'bfloat16' if name == 'BF16' else 'half'}()) and let autocast cast", stacklevel=4)
+                f"model.{'bfloat16' if name == 'BF16' else 'half'}()) and let autocast cast", stacklevel=stacklevel)
 
 
 def _nonfinite(norm: torch.Tensor) -> torch.Tensor:
