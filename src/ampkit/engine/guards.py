@@ -132,10 +132,11 @@ class Guards:
         for opt in optimizers:
             self.stepped.add(opt)
             self._seen[opt] = amp._windows.backwards
-        if amp.config.fp32_specs and amp.fp32_regions is None and not self._warned_fp32:
+        if not self._warned_fp32:  # the first step only (the specs are normalised on every read)
             self._warned_fp32 = True
-            warnings.warn("ampkit: fp32_modules is set but amp.attach(model) was not called, so no module is "
-                          "kept in FP32: call amp.attach(model) once before training", stacklevel=4)
+            if amp.config.fp32_specs and amp.fp32_regions is None:
+                warnings.warn("ampkit: fp32_modules is set but amp.attach(model) was not called, so no module is "
+                              "kept in FP32: call amp.attach(model) once before training", stacklevel=4)
         check_lrs(optimizers)
 
     def after_step(self, amp: "MixedPrecision", optimizers: Sequence[torch.optim.Optimizer]) -> None:

@@ -32,8 +32,9 @@ What is refused, because it would silently give other learning rates than the us
   and leaves the scheduler's ``base_lrs`` list in place; ``load_state_dict`` replaces that list, so a
   loaded state is told apart and only rebuilds the table.
 * A schedule that reads state other than its step count (a ``LambdaLR`` whose function reads loop
-  variables): with a fused optimizer it is evaluated ahead, so each chunk is evaluated again when the
-  table is extended and at every :meth:`DeviceSchedule.sync` (``stats()``, ``state_dict()``); other
+  variables): with a fused optimizer it is evaluated ahead, so it is evaluated again at every
+  :meth:`DeviceSchedule.sync` (``stats()``, ``state_dict()``) and, for ``LambdaLR`` /
+  ``MultiplicativeLR`` (whose functions are the user's), each chunk when the table is extended; other
   learning rates now than ahead are refused, naming the step. Use a non-fused optimizer (its scheduler
   is stepped when it is needed) or a function of the step only.
 * A scheduler passed to ``amp.step`` not from its optimizer's first step on, or not at every step (a
@@ -136,6 +137,9 @@ class DeviceSchedule:
         self.bad_from: int | None = None  # the first position whose learning rates are not finite
         self.bad_row: list[float] = []
         self._rows: dict[int, list[list[float]]] = {}  # chunk start -> its rows, as evaluated ahead
+        # a user's function (LambdaLR, MultiplicativeLR) may read loop state: its chunks are checked on extension
+        user = (torch.optim.lr_scheduler.LambdaLR, torch.optim.lr_scheduler.MultiplicativeLR)
+        self._user_fn = any(isinstance(s, user) for s in (scheduler, *getattr(scheduler, "_schedulers", ())))
         self._extend()
         self.marks = _marks(scheduler)  # the live scheduler's state when ampkit last set it
 
@@ -191,7 +195,7 @@ class DeviceSchedule:
     def _extend(self) -> None:
         start = self.table.shape[0] - 1
         previous = max((s for s in self._rows if s < start), default=None)
-        if previous is not None:  # the last chunk again: a schedule that reads loop state shows here
+        if previous is not None and self._user_fn:  # the last chunk again: a function reading loop state shows
             self._verify(previous, self._simulate(*self._snapshots[previous], start - previous, keep=False)[0])
         state, lrs = self._snapshots[start]
         rows, end = self._simulate(state, lrs, CHUNK, keep=False)
