@@ -77,6 +77,21 @@ def test_a_lambda_that_reads_loop_state_is_refused_with_a_fused_optimizer():
         amp.stats()
 
 
+def test_a_lambda_that_reads_loop_state_is_refused_without_stats_when_the_table_is_extended():
+    from ampkit.engine.schedule import CHUNK
+
+    model, opt = _setup(True)
+    phase = {"factor": 1.0}
+    sched = L.LambdaLR(opt, lambda step: phase["factor"])
+    amp = MixedPrecision("bf16")
+    with pytest.raises(UsageError, match=r"LambdaLR gives other learning rates now"):
+        for i in range(2 * CHUNK + 2):  # a loop that never calls stats()
+            phase["factor"] = 0.1 if i >= 10 else 1.0
+            amp.backward(_loss(model, i % 7))
+            amp.step(opt, scheduler=sched)
+    assert CHUNK <= i <= 2 * CHUNK + 1
+
+
 def test_a_lambda_of_the_step_only_passes_the_check():
     model, opt = _setup(True)
     sched = L.LambdaLR(opt, lambda step: 1.0 / (1 + step))
