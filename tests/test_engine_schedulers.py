@@ -162,8 +162,10 @@ def test_last_skipped_is_a_device_flag():
 
 def test_a_finite_schedule_is_not_stepped_past_its_end_ahead_of_time():
     """OneCycleLR refuses to step past total_steps: the table ends there, the run is unaffected until the
-    true position gets past it, and then syncing raises the scheduler's own error, as torch would."""
-    model, opt, sched = _make("fused", "onecycle")  # total_steps=40
+    true position gets past it, and then syncing raises the scheduler's own error, as torch would.
+    (With cycle_momentum=True the schedule is stepped on the host: the step past the end raises, as in torch.)"""
+    model, opt, _ = _make("fused", "onecycle")
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.05, 0.025], total_steps=40, cycle_momentum=False)
     amp = MixedPrecision("bf16", max_grad_norm=1.0)
     data = _data(41)
     for i, (x, y) in enumerate(data[:40]):

@@ -301,3 +301,28 @@ def test_absorbed_fp16_overflow_is_wrong_without_regions_and_right_with_them():
         err_fixed = float((fixed.float() - ref).abs().max() / ref.abs().max())
     assert err_plain > 0.5 and err_fixed < 1e-2, (err_plain, err_fixed)
     assert fixed.dtype == torch.float16  # only the norm ran in FP32: the output layer is still FP16
+
+
+def test_namedtuple_inputs_are_cast_to_fp32_and_keep_their_type():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    seen = {}
+
+    class Takes(nn.Module):
+        def forward(self, pair):
+            seen["type"], seen["dtypes"] = type(pair), (pair.a.dtype, pair.b.dtype)
+            return pair.a + pair.b
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Takes()
+
+        def forward(self, x):
+            return self.inner(Pair(x.bfloat16(), x.bfloat16() * 2))
+
+    model = Outer()
+    with apply_fp32_regions(model, ["inner"], device_type="cpu"), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.ones(2, 3))
+    assert seen == {"type": Pair, "dtypes": (torch.float32, torch.float32)} and out.dtype == torch.float32

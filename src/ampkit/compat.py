@@ -90,6 +90,14 @@ def found_inf_flags(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimiz
     return list(scaler._found_inf_per_device(optimizer).values())
 
 
+def unscaled(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """True when ``scaler.unscale_(optimizer)`` ran since the last ``update()`` (by hand, e.g. to clip)."""
+    from torch.amp.grad_scaler import OptState
+
+    state = scaler._per_optimizer_states.get(id(optimizer))
+    return state is not None and state.get("stage") is OptState.UNSCALED
+
+
 def forget_unscale(scaler: torch.amp.GradScaler) -> None:
     """Drop every per-optimizer record (an ``unscale_`` that must not count, e.g. a failed capture)."""
     scaler._per_optimizer_states.clear()
@@ -119,6 +127,8 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """The global 2-norm of ``grads`` without changing them. DTensor (FSDP2) shards are reduced over ranks
     (the result is then a DTensor: take ``full_tensor()``)."""
     dev = grads[0].device
+    # sparse gradients (Embedding(sparse=True)): the norm of their stored values
+    grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
     if hasattr(grads[0], "full_tensor"):
         if HAS_GET_TOTAL_NORM:
             return torch.nn.utils.get_total_norm(grads)

@@ -72,3 +72,23 @@ def test_blockers_name_the_fix(simulated_cuda):
     assert capture_blockers(amp, torch.optim.AdamW(params, fused=True, capturable=True)) is None
     amp4 = MixedPrecision(prec, device=dev, set_tf32=False, accumulation_steps=4)
     assert "accumulation" in capture_blockers(amp4, torch.optim.AdamW(params, fused=True, capturable=True))
+
+
+def test_blockers_see_every_param_group_and_the_rank_agreement(simulated_cuda):
+    simulated_cuda((9, 0))
+    from ampkit.device import Device
+    from ampkit.device.policy import resolve_precision
+
+    dev = Device("cuda", 0)
+    if dev.graph_api() is None:
+        pytest.skip("the simulated CUDA namespace has no graph API")
+    prec = resolve_precision("fp32", dev)
+    first, second = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([first], fused=True, capturable=True)
+    opt.add_param_group({"params": [second], "capturable": False})
+    amp = MixedPrecision(prec, device=dev, set_tf32=False)
+    assert "capturable=False" in capture_blockers(amp, opt)
+    good = torch.optim.AdamW([first, second], fused=True, capturable=True)
+    assert capture_blockers(amp, good) is None
+    agreed = MixedPrecision(prec, device=dev, set_tf32=False, agree=lambda found: found)
+    assert "agree=" in capture_blockers(agreed, good)

@@ -168,3 +168,50 @@ def test_recommendation_commands_for_each_kind():
     assert best["flags"] == "--fp32-modules head" and best["python"].startswith("ampkit.MixedPrecision('bf16', fp32_modules=['head'])")
     assert _recommend(ctx, [lr])["compare_command"].endswith("--precision bf16 --seeds 3 --steps 600 --lr 0.0005")
     assert _recommend(ctx, [fail]) is None
+
+
+def _verdict(exits, verdict="fail"):
+    from ampkit.verify.band import Verdict
+
+    return Verdict(verdict=verdict, reasons=(), warnings=(), notes=(), band={}, final_metric={}, skipped={},
+                   exits=exits)
+
+
+def test_focus_is_the_seed_that_leaves_the_band_first_the_lowest_on_a_tie():
+    from types import SimpleNamespace
+
+    from ampkit.verify.explain import _focus
+
+    plan = SimpleNamespace(seeds=(4, 5, 6, 7), steps=20)
+    assert _focus(_verdict({4: None, 5: 9, 6: 3, 7: 3}), plan) == (6, 3)
+    assert _focus(_verdict({4: 12, 5: None, 6: 11, 7: None}), plan) == (6, 11)
+    assert _focus(_verdict({4: None, 5: None}), plan) == (4, 20)  # only the end failed: its last step
+    assert _focus(_verdict({4: None}, verdict="pass"), plan) == (4, None)
+
+
+def test_region_bisection_finds_the_fewest_modules_that_pass(monkeypatch):
+    """The search's bounds: whatever number k of the ranked modules is needed, the last pass tried is the
+    first k, found with the top-1 and all-modules attempts, then halving (the reruns' verdicts here come
+    from a rule, k needed, so that every k of 1..9 is checked in milliseconds)."""
+    from types import SimpleNamespace
+
+    from ampkit.verify import explain
+
+    names = [f"m{i}" for i in range(9)]
+    for needed in range(1, len(names) + 1):
+        sizes = []
+
+        def attempt(ctx, kind, change, *, precision, regions=(), lr=None, needed=needed, sizes=sizes):
+            sizes.append(len(regions))
+            return {"kind": kind, "fp32_modules": list(regions),
+                    "verdict": "pass" if len(regions) >= needed else "fail"}
+
+        monkeypatch.setattr(explain, "_try", attempt)
+        tried = explain._regions_search(SimpleNamespace(plan=SimpleNamespace(amp=None), regions=()), names)
+        fewest = min(len(t["fp32_modules"]) for t in tried if t["verdict"] == "pass")
+        assert fewest == needed, (needed, sizes)
+        assert sizes[0] == 1 and (needed == 1 or sizes[1] == len(names)), sizes
+        assert len(sizes) <= 2 + 4, sizes  # top-1, all, then at most ceil(log2(8)) + 1 halvings
+    monkeypatch.setattr(explain, "_try", lambda *a, **k: {"verdict": "fail", "fp32_modules": []})
+    tried = explain._regions_search(SimpleNamespace(plan=SimpleNamespace(amp=None), regions=()), names)
+    assert len(tried) == 2  # neither top-1 nor all pass: nothing to bisect

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampkit.errors import CheckpointError, CheckpointMismatch
+from ampkit.errors import CheckpointError, CheckpointMismatch, UsageError
 
 __all__ = ["unwrap_model", "model_state", "load_model_state", "check_loadable", "some_keys"]
 
@@ -38,7 +38,18 @@ def _plain_key(key: str) -> str:
     return ".".join(part for part in key.split(".") if part != _COMPILED)
 
 
+def check_module(model: Any) -> None:
+    """UsageError unless ``model`` is one nn.Module (several models: one nn.ModuleDict)."""
+    if not isinstance(model, nn.Module):
+        kind = type(model).__name__
+        raise UsageError(f"model= takes one nn.Module, got a {kind}: put several models in one, e.g. "
+                         "model=nn.ModuleDict({'G': G, 'D': D}), and restore into the same ModuleDict"
+                         if isinstance(model, (list, tuple, dict)) else
+                         f"model= takes an nn.Module, got a {kind}")
+
+
 def model_state(model: nn.Module) -> dict[str, Any]:
+    check_module(model)
     state = unwrap_model(model).state_dict()
     if not any(_COMPILED in key.split(".") for key in state):
         return state
@@ -48,6 +59,7 @@ def model_state(model: nn.Module) -> dict[str, Any]:
 def load_model_state(model: nn.Module, saved: dict[str, Any]) -> None:
     """Load plain-named ``saved`` into ``model`` (plain or wrapped); names saved by a wrapped model
     (``module.``, ``_orig_mod.``) are accepted too. A mismatch is one CheckpointError line."""
+    check_module(model)
     target = unwrap_model(model)
     wanted = target.state_dict()
     saved = {_plain_key(k): v for k, v in saved.items()}

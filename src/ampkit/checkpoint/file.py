@@ -33,7 +33,7 @@ from torch import nn
 
 from ampkit.checkpoint.atomic import atomic_write_bytes, fsync_dir
 from ampkit.checkpoint.rotation import is_good, last_good, mark_good, rotate
-from ampkit.checkpoint.content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
+from ampkit.checkpoint.content import check_loadable, check_module, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
 from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError
 
@@ -276,6 +276,7 @@ def restore(path_or_state: str | os.PathLike | dict[str, Any], *, model: nn.Modu
     >>> r = ampkit.restore("ckpt.pt", model=model, optimizer=opt, amp=amp)  # doctest: +SKIP
     >>> for step in range(r.step, total): ...                                 # doctest: +SKIP
     """
+    check_module(model)
     path: Path | None = None
     if isinstance(path_or_state, (str, os.PathLike)):
         path = Path(path_or_state)

@@ -121,7 +121,7 @@ def _refusal(caps: Capabilities, name: str) -> str:
 
 def resolve_precision(
     requested: "str | torch.dtype | Precision" = "auto",
-    device: Device | str | None = None,
+    device: Device | str | torch.device | None = None,
     *,
     tf32: bool | None = None,
     probe: bool = True,
@@ -147,8 +147,11 @@ def resolve_precision(
     if isinstance(requested, Precision):
         return requested
     name = _normalise(requested)
-    if isinstance(device, str):
-        device = detect_device(device)
+    if isinstance(device, (str, torch.device)):
+        device = detect_device(str(device))
+    elif device is not None and not isinstance(device, Device):
+        raise UsageError(f"device takes 'cpu', 'cuda:0', a torch.device or an ampkit Device, got "
+                         f"{type(device).__name__}")
     device = device or detect_device()
     if name == "fp32" and caps is None and not tf32:
         # Nothing to check: FP32 without TF32 runs everywhere, so no probe is paid for it.

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -42,6 +41,7 @@ from ampkit import compat
 from ampkit.engine import state as _state, step as _step
 from ampkit.engine.config import AmpConfig
 from ampkit.engine.counters import DeviceCounters, check_skip_limit
+from ampkit.engine.guards import Guards
 from ampkit.device import Device, detect_device
 from ampkit.errors import AmpkitError, UsageError
 from ampkit.device.policy import Precision, apply_tf32, resolve_precision, restore_tf32
@@ -111,13 +111,14 @@ class MixedPrecision:
         self._micro = 0  # backward -> step cycles, micro-steps included
         self._update_pending = False
         self._windows = Windows(self.accumulation_steps)
-        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> params checked
         self._schedules = Schedules()
         self._counters: DeviceCounters | None = None
         self._capturing = False
         self.fp32_regions: Any = None  # set by attach()
         self.graph = bool(graph)
         self.graph_fallback_reason: str | None = None  # set by graph_step when it runs eagerly
+        self._guards = Guards(self)  # hand steps, closures, learning rates (ampkit.engine.guards)
+        self._closed = False
 
     # ------------------------------------------------------------------ settings (read-only views)
     @property
@@ -156,6 +157,8 @@ class MixedPrecision:
         if not loss.requires_grad:
             raise UsageError("the loss does not require grad (computed under torch.no_grad(), or from detached "
                              "tensors): compute it from the model's output with gradients enabled")
+        self._check_open("backward")
+        self._guards.before_backward(self, loss)
         self.update()  # the previous step's scaler update, before this loss is scaled
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
@@ -167,7 +170,7 @@ class MixedPrecision:
 
     # ------------------------------------------------------------------ the step
     def step(self, *optimizers: torch.optim.Optimizer, scheduler: Any = None, zero_grad: bool = True,
-             parameters: Iterable[torch.Tensor] | None = None) -> bool:
+             parameters: Iterable[torch.Tensor] | None = None, flush: bool = False) -> bool:
         """unscale_ -> clip (one global norm) -> step, skipped on the device where gradients are not finite
         -> scheduler -> zero_grad, for every optimizer given (they share one backward).
 
@@ -178,7 +181,10 @@ class MixedPrecision:
         ``scheduler``: an LR scheduler or a list; each advances only on applied steps.
         ``parameters``: what to clip (default: every parameter of the optimizers); the skip decision
         always covers every parameter of the optimizers.
+        ``flush``: step now, the window incomplete (an epoch's last batches), as the mean of the
+        micro-batches it saw (gradients times ``accumulation_steps / cycles``).
         """
+        self._check_open("step")
         if not optimizers:
             raise UsageError("amp.step needs the optimizer(s) to step: amp.step(optimizer)")
         for opt in optimizers:
@@ -186,20 +192,24 @@ class MixedPrecision:
         if len({id(o) for o in optimizers}) != len(optimizers):
             raise UsageError("the same optimizer is given twice to amp.step: pass each once")
         schedulers = Schedules.parse(scheduler)
+        parameters = _step.as_parameters(parameters)
         for opt in optimizers:
-            self._check_weights(opt)
+            self._guards.check_weights(self, opt)
         self._windows.require_backward(optimizers)
         self._micro += 1
-        if not self._windows.advance(optimizers):
+        cycles = self._windows.advance(optimizers, flush=flush)
+        if not cycles:
             return False
-        self._apply_step(list(optimizers), schedulers, parameters)
+        self._apply_step(list(optimizers), schedulers, parameters, self.accumulation_steps / cycles)
         if zero_grad:
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
         return True
 
     def _apply_step(self, optimizers: list[torch.optim.Optimizer], schedulers: list[Any],
-                    parameters: Iterable[torch.Tensor] | None) -> None:
+                    parameters: list[torch.Tensor] | None, grad_factor: float = 1.0) -> None:
+        self._guards.before_step(self, optimizers)
+        self._schedules.check(schedulers, self._guards.steps_of)
         params = _step.params_of(optimizers)
         with_grads = [o for o in optimizers if any(p.grad is not None for p in _step.params_of([o]))]
         if not with_grads:
@@ -210,20 +220,24 @@ class MixedPrecision:
         flags = None
         if self.scaler is not None:
             for opt in with_grads:
-                self.scaler.unscale_(opt)
+                if not compat.unscaled(self.scaler, opt):  # unscale_ by hand (to clip per parameter): once
+                    self.scaler.unscale_(opt)
             flags = [f for opt in with_grads for f in compat.found_inf_flags(self.scaler, opt)]
-        clip = list(parameters) if parameters is not None else None
-        norm, found = _step.clip_and_flag(params, clip, self.max_grad_norm, flags)
+        if grad_factor != 1.0:  # a flushed partial window: the mean of its micro-batches
+            torch._foreach_mul_([p.grad for p in params if p.grad is not None], grad_factor)
+        norm, found = _step.clip_and_flag(params, parameters, self.max_grad_norm, flags)
         if self.agree is not None:
             # Sharded (FSDP2) gradients, or one rank's own bad gradient: the agreed flag decides the step,
             # and the scaler's update, on every rank alike.
             found = self.agree(found)
             for flag in flags or ():
                 flag.copy_(found)
-        host_skipped = _step.apply(with_grads, found)
+        with self._guards.engine_steps():
+            host_skipped = _step.apply(with_grads, found)
         self._update_pending = self.scaler is not None
         self._schedules.after_step(schedulers, found, host_skipped)
         self._count(found, norm)
+        self._guards.after_step(self, optimizers)
 
     def update(self) -> None:
         """Apply the pending FP16 scale update now (``step`` leaves it for the next ``backward`` so that
@@ -288,13 +302,6 @@ class MixedPrecision:
         self._periodic_check()
 
     # ------------------------------------------------------------------ step helpers
-    def _check_weights(self, optimizer: torch.optim.Optimizer) -> None:
-        count = sum(len(g["params"]) for g in optimizer.param_groups)  # cheap: re-check only when it changes
-        if self._checked.get(optimizer) == count:
-            return
-        _step.check_weights(_step.params_of([optimizer]), self.precision.name, self.scaler is not None)
-        self._checked[optimizer] = count
-
     def sync_schedulers(self) -> None:
         """Bring every scheduler driven on the device (fused optimizers) to its true position: its
         ``last_epoch``, ``get_last_lr()`` and ``state_dict()`` are then right. One host read."""
@@ -409,9 +416,17 @@ class MixedPrecision:
             warnings.warn(note, stacklevel=2)
         return notes
 
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise UsageError(f"amp.{what} after amp.close(): a closed engine no longer trains; make a new "
+                             "MixedPrecision (load this one's state_dict() into it to continue)")
+
     def close(self) -> None:
-        """Put the TF32 switches this engine set back to their values before it (idempotent). ``ampkit train``
-        calls it at the end of a run; ``with MixedPrecision(...) as amp:`` calls it on leaving the block."""
+        """End training with this engine (idempotent): put the TF32 switches it set back and remove its step
+        hook. Afterwards ``backward`` and ``step`` are refused; ``stats()`` and ``state_dict()`` still work.
+        ``ampkit train`` calls it at the end of a run; ``with MixedPrecision(...) as amp:`` on leaving the block."""
+        self._closed = True
+        self._guards.remove()
         if self._tf32_before:
             restore_tf32(self.precision.device, self._tf32_before)
             self._tf32_before = {}

@@ -24,11 +24,29 @@ data the device can index:
 
 Optimizers that skip on the host (non-fused) need no table: the engine already read the flag and steps
 the scheduler itself when the step was applied.
+
+What is refused, because it would silently give other learning rates than the user's loop:
+
+* A scheduler given as ``scheduler=`` and also stepped by hand (non-fused: it would advance twice per
+  step; fused: the hand steps would be lost at the next table rebuild). A hand step moves ``last_epoch``
+  and leaves the scheduler's ``base_lrs`` list in place; ``load_state_dict`` replaces that list, so a
+  loaded state is told apart and only rebuilds the table.
+* A schedule that reads state other than its step count (a ``LambdaLR`` whose function reads loop
+  variables): with a fused optimizer it is evaluated ahead, so it is evaluated again at every
+  :meth:`DeviceSchedule.sync` (``stats()``, ``state_dict()``) and, for ``LambdaLR`` /
+  ``MultiplicativeLR`` (whose functions are the user's), each chunk when the table is extended; other
+  learning rates now than ahead are refused, naming the step. Use a non-fused optimizer (its scheduler
+  is stepped when it is needed) or a function of the step only.
+* A scheduler passed to ``amp.step`` not from its optimizer's first step on, or not at every step (a
+  per-epoch scheduler passed on an epoch's last batch, whose skip would hold the learning rate for a
+  whole epoch): step per-epoch schedulers yourself after the epoch, and leave them out of ``amp.step``.
+* A NaN or infinite learning rate from a scheduler, at the step that would use it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 import weakref
 from typing import Any
@@ -36,7 +54,8 @@ from typing import Any
 import torch
 
 from ampkit import compat
-from ampkit.errors import UsageError
+from ampkit.errors import AmpkitError, UsageError
+from ampkit.engine.guards import check_lrs
 from ampkit.engine.step import is_fused
 
 __all__ = ["Schedules", "DeviceSchedule", "check_scheduler", "CHUNK"]
@@ -54,6 +73,30 @@ def check_scheduler(scheduler: Any) -> None:
             and callable(getattr(scheduler, "state_dict", None))):
         raise UsageError(f"scheduler= takes torch LR schedulers (torch.optim.lr_scheduler.*), got "
                          f"{type(scheduler).__name__}")
+
+
+def _marks(scheduler: Any) -> list[tuple[Any, Any]]:
+    """(last_epoch, base_lrs list object) of the scheduler and of those it chains (ChainedScheduler,
+    SequentialLR): a hand step changes an epoch, a loaded state the list objects."""
+    items = [scheduler, *getattr(scheduler, "_schedulers", ())]
+    return [(getattr(s, "last_epoch", None), getattr(s, "base_lrs", None)) for s in items]
+
+
+def _loaded(now: list[tuple[Any, Any]], marks: list[tuple[Any, Any]]) -> bool:
+    return len(now) != len(marks) or any(b is not b0 for (_, b), (_, b0) in zip(now, marks))
+
+
+def stepped_by_hand(scheduler: Any, marks: list[tuple[Any, Any]]) -> bool:
+    """True when the scheduler moved since ``marks`` without a state being loaded into it."""
+    now = _marks(scheduler)
+    return not _loaded(now, marks) and any(e != e0 for (e, _), (e0, _) in zip(now, marks))
+
+
+def _hand_step_error(scheduler: Any) -> UsageError:
+    name = type(scheduler).__name__
+    return UsageError(f"{name} is given to amp.step(scheduler=...) and was also stepped by hand "
+                      f"(scheduler.step()): it would advance twice per step. Do one: remove the hand "
+                      f"scheduler.step(), or leave it out of amp.step")
 
 
 def _lr_dtype(device: torch.device) -> torch.dtype:
@@ -89,15 +132,22 @@ class DeviceSchedule:
         self.table = torch.tensor([[float(t) for t in self._snapshots[0][1]]], dtype=torch.float64,
                                   device=device)
         self._host_steps = 0  # steps taken: an upper bound of the device position
-        self.epoch = scheduler.last_epoch  # the live scheduler's position when ampkit last set it
         self.moves_other = False  # set when the schedule changes more than lr (momentum, betas)
         self.exhausted = False  # the scheduler refused to step further ahead (e.g. OneCycleLR's total_steps)
+        self.bad_from: int | None = None  # the first position whose learning rates are not finite
+        self.bad_row: list[float] = []
+        self._rows: dict[int, list[list[float]]] = {}  # chunk start -> its rows, as evaluated ahead
+        # a user's function (LambdaLR, MultiplicativeLR) may read loop state: its chunks are checked on extension
+        user = (torch.optim.lr_scheduler.LambdaLR, torch.optim.lr_scheduler.MultiplicativeLR)
+        self._user_fn = any(isinstance(s, user) for s in (scheduler, *getattr(scheduler, "_schedulers", ())))
         self._extend()
+        self.marks = _marks(scheduler)  # the live scheduler's state when ampkit last set it
 
     @property
     def stale(self) -> bool:
-        """True when someone else moved the scheduler (loaded a state, stepped it): rebuild."""
-        return self.scheduler.last_epoch != self.epoch or any(
+        """True when someone else moved the scheduler (loaded a state) or the groups changed: rebuild."""
+        now = _marks(self.scheduler)
+        return _loaded(now, self.marks) or [e for e, _ in now] != [e for e, _ in self.marks] or any(
             g["lr"] is not t for g, t in zip(self.groups, self.lrs)) or len(self.groups) != len(self.lrs)
 
     def after_step(self, found_inf: torch.Tensor) -> None:
@@ -105,6 +155,8 @@ class DeviceSchedule:
         self._host_steps += 1
         while self._host_steps >= self.table.shape[0] and not self.exhausted:
             self._extend()
+        if self.bad_from is not None and self._host_steps >= self.bad_from:
+            self._refuse_bad(found_inf)  # a non-finite rate is within reach: one host read, then only
         self.position.add_(1).sub_(found_inf.to(torch.int64))
         index = self.position.reshape(1)
         if self.exhausted:  # past the end the last rate stays; sync() then raises the scheduler's own error
@@ -112,20 +164,49 @@ class DeviceSchedule:
         rows = self.table.index_select(0, index)[0]
         compat.foreach_copy_(self.lrs, list(rows.unbind()))
 
+    def _refuse_bad(self, found_inf: torch.Tensor) -> None:
+        if int(self.position) + 1 - int(found_inf) >= self.bad_from:
+            row = self.bad_row
+            group = next(i for i, v in enumerate(row) if not math.isfinite(v))
+            raise AmpkitError(f"{type(self.scheduler).__name__} sets the learning rate of param group {group} to "
+                              f"{row[group]} at its step {self.bad_from}: the next step would write "
+                              f"{row[group]} weights. Check the scheduler's function and arguments")
+
     def sync(self) -> None:
         """Put the scheduler object at the device's position (one host read)."""
         pos = int(self.position)
         start = max(s for s in self._snapshots if s <= pos)
         state, lrs = self._snapshots[start]
-        self._simulate(state, lrs, pos - start, keep=True)
-        self.epoch = self.scheduler.last_epoch
+        rows, _ = self._simulate(state, lrs, pos - start, keep=True)
+        self.marks = _marks(self.scheduler)
+        self._verify(start, rows)
+
+    def _verify(self, start: int, rows: list[list[float]]) -> None:
+        """UsageError when the schedule, evaluated again now, differs from what was evaluated ahead."""
+        ahead = self._rows.get(start, [])
+        for i, (now, before) in enumerate(zip(rows, ahead)):
+            if now != before and not all(math.isnan(a) and math.isnan(b) for a, b in zip(now, before)):
+                raise UsageError(
+                    f"{type(self.scheduler).__name__} gives other learning rates now ({now}) than when ampkit "
+                    f"evaluated it ahead ({before}) for its step {start + i + 1}: with a fused optimizer the "
+                    "schedule is evaluated ahead, so it must depend on the step count only (not on loop "
+                    "variables). Use a function of the step, or a non-fused optimizer (fused=False)")
 
     def _extend(self) -> None:
         start = self.table.shape[0] - 1
+        previous = max((s for s in self._rows if s < start), default=None)
+        if previous is not None and self._user_fn:  # the last chunk again: a function reading loop state shows
+            self._verify(previous, self._simulate(*self._snapshots[previous], start - previous, keep=False)[0])
         state, lrs = self._snapshots[start]
         rows, end = self._simulate(state, lrs, CHUNK, keep=False)
+        self.marks = _marks(self.scheduler)
         if not rows:
             return
+        self._rows = {k: v for k, v in self._rows.items() if k >= (previous or 0)}  # the last two chunks
+        self._rows[start] = rows
+        bad = next((i for i, row in enumerate(rows) if not all(map(math.isfinite, row))), None)
+        if bad is not None and self.bad_from is None:
+            self.bad_from, self.bad_row = start + bad + 1, rows[bad]
         if not self.exhausted:  # a scheduler that raised mid-step is in no state to snapshot
             self._snapshots[start + len(rows)] = end
         new = torch.tensor(rows, dtype=torch.float64)
@@ -173,6 +254,8 @@ class Schedules:
 
     def __init__(self) -> None:
         self._tables: "weakref.WeakKeyDictionary[Any, DeviceSchedule]" = weakref.WeakKeyDictionary()
+        self._marks: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()  # host-stepped ones
+        self._passed: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # at optimizer step n
 
     @staticmethod
     def parse(scheduler: Any) -> list[Any]:
@@ -183,6 +266,27 @@ class Schedules:
         for item in items:
             check_scheduler(item)
         return items
+
+    def check(self, schedulers: list[Any], steps_of: Any) -> None:
+        """Before a step: refuse schedulers stepped by hand since the engine last did, and schedulers not
+        passed at every step of their optimizer (``steps_of[optimizer]``: its steps so far)."""
+        for sched in schedulers:
+            table = self._tables.get(sched)
+            marks = table.marks if table is not None else self._marks.get(sched)
+            if marks is not None and stepped_by_hand(sched, marks):
+                raise _hand_step_error(sched)
+            done = steps_of.get(sched.optimizer, 0)
+            last = self._passed.get(sched)
+            if (done if last is None else done - last - 1) > 0:
+                name = type(sched).__name__
+                when = (f"for the first time after {done} steps of its optimizer" if last is None else
+                        f"at step {done + 1} of its optimizer and before at step {last + 1}, not in between")
+                raise UsageError(
+                    f"{name} is given to amp.step(scheduler=...) {when}: a scheduler given there advances on "
+                    "applied steps only and must come with every step from the first (SequentialLR joins "
+                    "schedules). A per-epoch scheduler: call scheduler.step() yourself after each epoch and "
+                    "leave it out of amp.step (a skipped last batch would hold its rate for a whole epoch)")
+            self._passed[sched] = done
 
     def after_step(self, schedulers: list[Any], found: torch.Tensor, host_skipped: bool | None) -> None:
         """Advance each scheduler unless the step was skipped: on the device where its optimizer is fused
@@ -199,6 +303,10 @@ class Schedules:
                 host_skipped = bool(found)  # the one host read of this step
             if not host_skipped:
                 sched.step()
+                check_lrs([sched.optimizer], by=sched)
+            self._marks[sched] = _marks(sched)
+            if table is not None:
+                table.marks = self._marks[sched]
 
     def sync(self) -> None:
         """Bring every device-driven scheduler to its true position (one host read each)."""
@@ -208,3 +316,5 @@ class Schedules:
 
     def clear(self) -> None:
         self._tables.clear()
+        self._marks.clear()
+        self._passed.clear()

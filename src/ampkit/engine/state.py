@@ -42,6 +42,7 @@ def load_engine_state(amp: "MixedPrecision", state: dict[str, Any]) -> list[str]
     amp._micro = int(state.get("micro", amp.steps * amp.accumulation_steps))
     amp._windows.reset(int(state.get("window", amp._micro % amp.accumulation_steps)))
     amp._schedules.clear()
+    amp._guards.steps_of.clear()  # schedulers count their steps from here
     amp._update_pending = False
     counters = state.get("counters")
     if counters is not None:

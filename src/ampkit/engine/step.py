@@ -20,7 +20,7 @@ import torch
 from ampkit import compat
 from ampkit.errors import AmpkitError, UsageError
 
-__all__ = ["params_of", "check_optimizer", "check_weights", "clip_and_flag", "apply", "is_fused", "full"]
+__all__ = ["params_of", "check_optimizer", "check_weights", "as_parameters", "clip_and_flag", "apply", "is_fused", "full"]
 
 
 def is_fused(optimizer: torch.optim.Optimizer) -> bool:
@@ -58,7 +58,24 @@ def check_optimizer(optimizer: object) -> None:
                          "inside amp.autocast() for BF16), or a first-order optimizer such as AdamW")
 
 
-def check_weights(params: Iterable[torch.Tensor], precision_name: str, use_scaler: bool) -> None:
+def as_parameters(parameters: object) -> list[torch.Tensor] | None:
+    """``parameters=`` of ``amp.step`` as a list of tensors (a tensor, or an iterable of them), or None."""
+    if parameters is None:
+        return None
+    if isinstance(parameters, torch.Tensor):
+        return [parameters]
+    try:
+        items = list(parameters)  # type: ignore[call-overload]
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(p, torch.Tensor) for p in items):
+        raise UsageError(f"parameters= takes the tensors to clip (e.g. model.parameters()), got "
+                         f"{type(parameters).__name__}: amp.step(opt, parameters=model.head.parameters())")
+    return items
+
+
+def check_weights(params: Iterable[torch.Tensor], precision_name: str, use_scaler: bool, *,
+                  stacklevel: int = 4) -> None:
     """Refuse FP16 weights under loss scaling; warn about low-precision weights without FP32 master copies."""
     low = {torch.float16: 0, torch.bfloat16: 0}
     for p in params:
@@ -75,7 +92,7 @@ def check_weights(params: Iterable[torch.Tensor], precision_name: str, use_scale
             warnings.warn(
                 f"ampkit: {count} parameter(s) are {name} under {precision_name}: the optimizer updates them with no "
                 f"FP32 master copy, so small updates round away. Keep the model in FP32 (remove "
-                f"model.{'bfloat16' if name == 'BF16' else 'half'}()) and let autocast cast", stacklevel=4)
+                f"model.{'bfloat16' if name == 'BF16' else 'half'}()) and let autocast cast", stacklevel=stacklevel)
 
 
 def _nonfinite(norm: torch.Tensor) -> torch.Tensor:
@@ -96,6 +113,11 @@ def clip_and_flag(params: list[torch.Tensor], clip: list[torch.Tensor] | None, m
     if not grads:
         dev = target[0].device if target else params[0].device
         norm = torch.zeros((), device=dev)
+    elif max_norm is not None and any(g.is_sparse for g in grads):
+        norm = compat.total_norm(grads)  # torch's clip_grad_norm_ has no sparse kernels: clip by hand
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.device))
     elif max_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(target, max_norm)
     else:

@@ -4,6 +4,11 @@ Each optimizer counts its own backward -> step cycles, so optimizers stepped tog
 and a GAN's two optimizers, each with its own backward, each step every ``accumulation_steps`` cycles
 (one shared counter let one of them never step). The same records catch a step with no
 ``amp.backward`` since the optimizer's last step (``loss.backward()`` used instead, or a repeated step).
+
+A loop that accumulates itself (nanoGPT: ``accumulation_steps`` backward calls, then one ``amp.step``)
+steps at every ``amp.step``: exactly ``accumulation_steps`` backward calls since the previous
+``amp.step`` are one whole window. Any other count above one, with accumulation on, is refused: it is
+neither one cycle per step nor one window per step. ``flush=True`` ends a window early.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Windows:
         self.size = steps_per_window
         self.backwards = 0  # amp.backward calls so far
         self.start = 0  # window position of optimizers first seen after a restore
+        self.at_call = 0  # the backward count at the last amp.step call
         self._by_opt: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def require_backward(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -41,22 +47,33 @@ class Windows:
                                   "its own amp.backward(loss) (not loss.backward()); to step several optimizers "
                                   "on one backward, step each once: amp.step(opt_a, opt_b)")
 
-    def advance(self, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
-        """Count one cycle for each optimizer; True when their window is complete (then it restarts)."""
+    def advance(self, optimizers: Sequence[torch.optim.Optimizer], *, flush: bool = False) -> int:
+        """Count one cycle for each optimizer. Returns the window's cycles when it is complete (or
+        ``flush``; then it restarts), else 0 (a micro-step)."""
+        calls, self.at_call = self.backwards - self.at_call, self.backwards
+        records = [self._by_opt.setdefault(opt, [self.start, 0]) for opt in optimizers]
+        if self.size > 1 and calls > 1:  # several amp.backward calls, then this amp.step
+            if calls != self.size or any(r[0] % self.size for r in records):
+                raise AmpkitError(
+                    f"amp.step after {calls} amp.backward calls with accumulation_steps={self.size}: call "
+                    f"amp.step after every amp.backward (it steps every {self.size}), or exactly "
+                    f"{self.size} amp.backward calls per amp.step (each is then a whole window)")
+            for r in records:
+                r[0] = self.size - 1
         done = set()
-        for opt in optimizers:
-            record = self._by_opt.setdefault(opt, [self.start, 0])
+        for record in records:
             record[0] += 1
             record[1] = self.backwards
-            done.add(record[0] % self.size == 0)
+            done.add(record[0] % self.size == 0 or flush)
         if len(done) > 1:
             raise AmpkitError("these optimizers are at different points of their accumulation windows: step "
                               "optimizers that share a backward together, always (amp.step(opt_a, opt_b))")
         if not done.pop():
-            return False
-        for opt in optimizers:
-            self._by_opt[opt][0] = 0
-        return True
+            return 0
+        cycles = records[0][0] % self.size or self.size
+        for record in records:
+            record[0] = 0
+        return cycles
 
     @property
     def pending(self) -> int:
@@ -69,17 +86,18 @@ class Windows:
         alternation, the one whose backward comes next)."""
         return (min([r[0] for r in self._by_opt.values()] or [self.start]) + 1) % self.size != 0
 
-    def snapshot(self) -> tuple[int, int, dict]:
-        return self.backwards, self.start, {opt: list(r) for opt, r in self._by_opt.items()}
+    def snapshot(self) -> tuple[int, int, int, dict]:
+        return self.backwards, self.start, self.at_call, {opt: list(r) for opt, r in self._by_opt.items()}
 
-    def restore(self, snap: tuple[int, int, dict]) -> None:
-        self.backwards, self.start, records = snap
+    def restore(self, snap: tuple[int, int, int, dict]) -> None:
+        self.backwards, self.start, self.at_call, records = snap
         self._by_opt.clear()
         self._by_opt.update(records)
 
     def reset(self, start: int) -> None:
         """Forget every optimizer; new ones start at window position ``start`` (from a checkpoint)."""
         self.start = start
+        self.at_call = self.backwards
         self._by_opt.clear()
 
 
