@@ -50,8 +50,8 @@ def test_a_next_step_after_pass_and_fail(toy_compare, harmful_compare):
 def test_speed_up_is_shown_with_its_spread(toy_compare):
     page = render_html(toy_compare, {"throughput.png": b""})
     info = toy_compare.ratios["speedup_spread"]
-    assert info["unit"] == "seed" and len(info["pairs"]) == 2
-    assert "over 2 seeds" in page
+    assert info["unit"] == "seed" and len(info["pairs"]) == len(toy_compare.seeds) == 3
+    assert "over 3 seeds" in page
     noisy = dataclasses.replace(toy_compare, ratios={**toy_compare.ratios,
                                                      "speedup_spread": speed_ratio([1233, 409], [800, 805]).to_dict()})
     assert "within noise" in render_html(noisy, {"throughput.png": b""})
