@@ -19,7 +19,7 @@ TAG=${TAG:-${CARD:-gpu}-$(date -u +%Y-%m-%d)}
 CHARLM="--task charlm --task-arg d_model=256 --task-arg n_layers=4 --task-arg seq_len=256"
 # libcst is not installed there: migrate's tests (and the registry test that imports migrate) stay on the CPU.
 GPU_TESTS="-m gpu -q -rA -p no:cacheprovider tests --ignore=tests/distributed --ignore=tests/migrate
-  --ignore=tests/diagnose/test_findings_registry.py"
+  --ignore=tests/diagnose/test_findings_registry.py --ignore=tests/docs"
 
 declare -A WHAT=(
   [gpu-tests]="python -m pytest -m gpu: every single-GPU test (with torchao when carried)"

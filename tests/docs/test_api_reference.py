@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs"))
+# The docs toolchain is the `docs` extra: CI installs it after the fast run, before `pytest -m slow`.
+pytest.importorskip("griffe", reason="needs the docs extra: pip install -e '.[docs]'")
 from griffe_sphinx import convert_roles, fence_doctests  # noqa: E402
 
 LITERAL_ROLE = re.compile(r":(?:class|meth|mod|func|attr|exc|data|obj):(?:`|<code>)")  # Markdown made ` into <code>
