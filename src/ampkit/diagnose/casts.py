@@ -20,6 +20,7 @@ import torch
 from torch.compiler import is_compiling
 
 from ampkit.diagnose.findings import Finding, fix_for
+from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import frame_where
 
 if TYPE_CHECKING:
@@ -57,8 +58,6 @@ class CastChecks:
     def _check_dtype(self, device_type: Any, dtype: torch.dtype | None) -> None:
         if not isinstance(device_type, str) or device_type in ("cpu", "mps", "xpu", "meta"):
             return
-        from ampkit.diagnose.instrument import StopRun  # here: instrument imports this module
-
         inst = self.inst
         with inst.paused():
             if dtype is None:

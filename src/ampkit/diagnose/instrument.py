@@ -40,16 +40,10 @@ from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.nonfinite import NonFiniteLocator
 from ampkit.diagnose.opwatch import OpWatch
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
+from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import ModuleTracker, UserCode, is_ampkit_file
 
 __all__ = ["Instrumentation", "StopRun"]
-
-
-class StopRun(BaseException):
-    """Raised inside the script to stop it (step budget reached, or a finding that ends the run).
-
-    A BaseException so that the script's ``except Exception`` blocks do not swallow it.
-    """
 
 
 class Instrumentation:

@@ -19,7 +19,8 @@ import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.fp16range import RangeReport
-from ampkit.diagnose.instrument import Instrumentation, StopRun
+from ampkit.diagnose.instrument import Instrumentation
+from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import is_ampkit_file, short_path
 from ampkit.errors import AmpkitError, UsageError, first_line
 
