@@ -23,10 +23,10 @@ from functools import partial
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.fixes import keep_fp32_fix
+from ampkit.diagnose.oplocate import OpHit, first_nonfinite_backward, first_nonfinite_op
 from ampkit.diagnose.opwatch import OpFlag
 from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
 
@@ -54,77 +54,6 @@ class _GradEvent:
     call: _Call
     kind: str  # "in" (gradient w.r.t. an input) or "out" (w.r.t. an output)
     ok: torch.Tensor
-
-
-@dataclass(frozen=True)
-class OpHit:
-    """The first aten op that produced inf/NaN."""
-
-    op: str
-    out_dtype: str
-    input_max: tuple[float, ...]
-    inputs_finite: bool
-    module: Any = field(default=None, compare=False)  # the innermost module running the op (re-run)
-
-    def describe(self) -> str:
-        mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
-        text = f"`{self.op}` ({self.out_dtype}) on inputs with max |x| {mags}"
-        if self.out_dtype == "float16":
-            text += f"; FP16's largest finite value is {FP16_MAX:g}"
-        if not self.inputs_finite:
-            text += " (its inputs were already non-finite)"
-        return text
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}" if math.isfinite(x) else str(x)
-
-
-class _FirstNonFinite(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hit: OpHit | None = None
-        self.fallback: OpHit | None = None
-        self.stack: list[torch.nn.Module] = []  # modules running (filled by first_nonfinite_op's hooks)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.hit is None:
-            outs = tensor_leaves(out)
-            if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
-                ins = tensor_leaves((args, kwargs or {}))
-                finite = all(bool(torch.isfinite(t).all()) for t in ins)
-                mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
-                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite,
-                            self.stack[-1] if self.stack else None)
-                if finite:
-                    self.hit = hit
-                elif self.fallback is None:
-                    self.fallback = hit
-        return out
-
-
-def first_nonfinite_op(fn: Callable[[], Any]) -> OpHit | None:
-    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite,
-    with the innermost module that ran it."""
-    mode = _FirstNonFinite()
-
-    def enter(module, args):
-        mode.stack.append(module)
-
-    def leave(module, args, *rest):  # returns None: a forward hook's return value replaces the output
-        if mode.stack:
-            mode.stack.pop()
-
-    mm = torch.nn.modules.module
-    handles = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(leave, always_call=True)]
-    try:
-        with mode:
-            fn()
-    finally:
-        for h in handles:
-            h.remove()
-    return mode.hit or mode.fallback
 
 
 class NonFiniteLocator:
@@ -230,13 +159,21 @@ class NonFiniteLocator:
                 self.done = True
         return findings
 
-    def _where(self, call: _Call) -> str:
-        """``model.1 · train.py:19`` plus where the module's forward is defined when it is user code."""
-        text = f"{self.tracker.name(call.module)} · {call.where}"
+    def _where(self, call: _Call, hit: OpHit | None = None, module: torch.nn.Module | None = None) -> str:
+        """``model.attn · attn.py:27``: the module path and the user's line of the failing op (the re-run
+        found it); else the line that called the module plus where its ``forward`` is defined."""
+        name = self.tracker.name(module if module is not None else call.module)
+        if hit is not None and hit.where:
+            return f"{name} · {hit.where}"
+        text = f"{name} · {call.where}"
         fwd = getattr(type(call.module).forward, "__code__", None)
         if fwd is not None and self.tracker.user.is_user_file(fwd.co_filename):
             text += f" (forward defined at {os.path.basename(fwd.co_filename)}:{fwd.co_firstlineno})"
         return text
+
+    @staticmethod
+    def _called(call: _Call, hit: OpHit | None) -> str:
+        return f" (the module was called at {call.where})" if hit is not None and hit.where else ""
 
     def _forward_finding(self, call: _Call, inputs_finite: bool) -> Finding:
         who = self.tracker.describe(call.module)
@@ -253,14 +190,15 @@ class NonFiniteLocator:
         dt, enabled, dtype = call.autocast
         region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
         detail = f" at {hit.describe()}" if hit else ""
-        module, where, message = call.module, self._where(call), f"the output of {who} became inf/NaN{region}{detail}"
+        module, where = call.module, self._where(call, hit)
+        message = f"the output of {who} became inf/NaN{region}{detail}{self._called(call, hit)}"
         if hit is not None and hit.module is not None and hit.module is not getattr(module, "_orig_mod", module):
             # Inside a torch.compile'd model (its submodules' hooks do not run there) the re-run names
             # the innermost module that ran the op.
             module = hit.module
-            where = f"{self.tracker.name(module)} · {call.where}"
+            where = self._where(call, hit, module) if hit.where else f"{self.tracker.name(module)} · {call.where}"
             message = (f"the output of {who} became inf/NaN{region}; it starts in {self.tracker.describe(module)} "
-                       f"at {hit.describe()}")
+                       f"at {hit.describe()}{self._called(call, hit)}")
         return Finding(code="nonfinite-forward", message=message, where=where,
                        fix=_keep_fp32(self, call, module=module), step=call.step)
 
@@ -275,8 +213,8 @@ class NonFiniteLocator:
             code="overflow-absorbed",
             message=f"an op inside {who}{region} produced inf/NaN while the module's output stayed finite: "
                     f"{op}. A later op absorbed it (e.g. `x / inf` = 0), so the loss looks normal, the "
-                    "GradScaler never skips, and the result is silently wrong",
-            where=self._where(call),
+                    f"GradScaler never skips, and the result is silently wrong{self._called(call, hit)}",
+            where=self._where(call, hit),
             fix=_keep_fp32(self, call, measure_scale=True), step=call.step)
 
     def _backward_finding(self, event: _GradEvent) -> Finding:
@@ -292,8 +230,10 @@ class NonFiniteLocator:
         detail = f" at {hit.describe()}" if hit else ""
         return Finding(
             code="nonfinite-backward",
-            message=f"the backward of {who} turned finite gradients into inf/NaN{detail}",
-            where=self._where(call), fix=fix_for("nonfinite-backward"), step=call.step)
+            message=f"the backward of {who} turned finite gradients into inf/NaN{detail}"
+                    + (f" (the line is the forward op whose backward failed; the module was called at {call.where})"
+                       if hit is not None and hit.where else ""),
+            where=self._where(call, hit), fix=fix_for("nonfinite-backward"), step=call.step)
 
     def complete_fixes(self, findings: list[Finding], init_scale: float | None) -> list[Finding]:
         """The FP16 keep-in-FP32 fixes with the initial loss scale the run showed (None: not known)."""
@@ -314,15 +254,14 @@ class NonFiniteLocator:
                 args, kwargs = _detach((call.args, call.kwargs), requires_grad=backward)
                 if not backward:
                     with torch.no_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
-                        return first_nonfinite_op(lambda: module(*args, **kwargs))
-                with torch.enable_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
-                    out = module(*args, **kwargs)
-                outs = [t for t in tensor_leaves(out) if t.requires_grad]
+                        return first_nonfinite_op(lambda: module(*args, **kwargs), self.tracker.user)
+
+                def forward():
+                    with torch.enable_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
+                        return module(*args, **kwargs)
+
                 ins = [t for t in tensor_leaves((args, kwargs)) if t.requires_grad]
-                grads = call.grads_out[: len(outs)]
-                if not ins or len(grads) != len(outs):
-                    return None
-                return first_nonfinite_op(lambda: torch.autograd.grad(outs, ins, grads, allow_unused=True))
+                return first_nonfinite_backward(forward, ins, call.grads_out, self.tracker.user)
         except Exception:  # noqa: BLE001 - user code of any kind: a module that cannot be re-run still gets its finding
             return None
         finally:
