@@ -14,6 +14,7 @@ installs around ``torch.autocast`` and ``Tensor.half`` / ``Tensor.to`` / ``Modul
 from __future__ import annotations
 
 import inspect
+import linecache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -136,11 +137,13 @@ class CastChecks:
         return binary_cross_entropy
 
     # ------------------------------------------------------------------ manual casts
-    def _half_in_autocast(self, t: Any, what: str) -> None:
+    def _half_in_autocast(self, t: Any, what: str, follows_dtype_ok: bool = False) -> None:
         inst = self.inst
         frame = inst.user.caller_is_user(2)
         if frame is None:
             return
+        if follows_dtype_ok and ".dtype" in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+            return  # `mask.to(scores.dtype)`: follows the dtype autocast gave another tensor, not a cast to FP16
         dev = t.device.type if isinstance(t, torch.Tensor) else next((p.device.type for p in t.parameters()), "cpu")
         if not torch.is_autocast_enabled(dev):
             return
@@ -168,7 +171,7 @@ class CastChecks:
             if (not is_compiling() and not inst._paused and inst.mode == "diagnose"
                     and (kwargs.get("dtype") is torch.float16 or any(a is torch.float16 for a in args))
                     and t.is_floating_point()):
-                checks._half_in_autocast(t, "`.to(torch.float16)`")
+                checks._half_in_autocast(t, "`.to(torch.float16)`", follows_dtype_ok=True)
             return orig(t, *args, **kwargs)
 
         return to

@@ -253,7 +253,8 @@ class Instrumentation:
 
     def _flush(self) -> None:
         flags = self.watch.take_flags() if self.watch is not None else []
-        for f in self.locator.flush(report_backward=not self._scaled_this_step, op_flags=flags):
+        scale = self.scaler_checks.loss_scale() if self._scaled_this_step else None
+        for f in self.locator.flush(report_backward=not self._scaled_this_step, op_flags=flags, loss_scale=scale):
             self.add(f, key=(f.code,))
 
     def init_scale_hint(self) -> float | None:

@@ -116,11 +116,14 @@ class NonFiniteLocator:
         self._roots_called.clear()
 
     # ------------------------------------------------------------------ reading
-    def flush(self, *, report_backward: bool = True, op_flags: list[OpFlag] | None = None) -> list[Finding]:
+    def flush(self, *, report_backward: bool = True, op_flags: list[OpFlag] | None = None,
+              loss_scale: float | None = None) -> list[Finding]:
         """Read this step's flags (one transfer per device) and return at most one forward and one
-        backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss:
-        inf gradients are then its business (see ``scale-collapse``). ``op_flags`` are the op
-        watch's FP16/BF16 op outputs of the step (``overflow-absorbed``)."""
+        backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss
+        by ``loss_scale``: an inf gradient is then its business (see ``scale-collapse``), unless the
+        module's backward re-run on the gradients with the scale divided out is still inf/NaN (a
+        structural defect such as the derivative of ``sqrt(0)``). ``op_flags`` are the op watch's
+        FP16/BF16 op outputs of the step (``overflow-absorbed``)."""
         calls, events = self.calls, self.events
         op_flags = op_flags or []
         self.calls, self.events = [], []
@@ -151,12 +154,15 @@ class NonFiniteLocator:
             if op_bad is not None and not self.absorbed:
                 findings.append(self._absorbed_finding(op_flags[op_bad]))
                 self.absorbed = True
-        if events and report_backward:
+        if events and (report_backward or loss_scale):
             oks = _read([e.ok for e in events])
             bad = next((i for i, ok in enumerate(oks) if not ok), None)
             if bad is not None:
-                findings.append(self._backward_finding(events[_producer(events, oks, bad)]))
-                self.done = True
+                found = self._backward_finding(events[_producer(events, oks, bad)],
+                                               None if report_backward else loss_scale)
+                if found is not None:
+                    findings.append(found)
+                    self.done = True
         return findings
 
     def _where(self, call: _Call, hit: OpHit | None = None, module: torch.nn.Module | None = None) -> str:
@@ -217,9 +223,24 @@ class NonFiniteLocator:
             where=self._where(call, hit),
             fix=_keep_fp32(self, call, measure_scale=True), step=call.step)
 
-    def _backward_finding(self, event: _GradEvent) -> Finding:
+    def _backward_finding(self, event: _GradEvent, loss_scale: float | None = None) -> Finding | None:
+        """The finding for a non-finite gradient; with ``loss_scale`` (a GradScaler scaled the loss) only
+        when the re-run on the unscaled gradients still gives inf/NaN, else None (the scaler skips it)."""
         call = event.call
         who = self.tracker.describe(call.module)
+        if loss_scale is not None:
+            if event.kind == "out":
+                return None
+            hit = self._rerun(call, backward=True, grad_scale=1.0 / loss_scale)
+            if hit is None or not hit.inputs_finite:
+                return None
+            return Finding(
+                code="nonfinite-backward",
+                message=f"the backward of {who} turned finite gradients into inf/NaN at {hit.describe()}; not the loss "
+                        f"scale: with the scale ({loss_scale:g}) divided out it is still inf/NaN, so the GradScaler "
+                        f"skips every such step (the line is the forward op whose backward failed; the module was "
+                        f"called at {call.where})",
+                where=self._where(call, hit), fix=fix_for("nonfinite-backward"), step=call.step)
         if event.kind == "out":
             return Finding(
                 code="nonfinite-backward",
@@ -243,7 +264,7 @@ class NonFiniteLocator:
                 else f for f in findings]
 
     # ------------------------------------------------------------------ re-running one module
-    def _rerun(self, call: _Call, *, backward: bool) -> OpHit | None:
+    def _rerun(self, call: _Call, *, backward: bool, grad_scale: float = 1.0) -> OpHit | None:
         """Run the module again on its saved inputs (same autocast state) and find the first bad op."""
         module = getattr(call.module, "_orig_mod", call.module)  # a compiled model re-runs eagerly
         dev_type, enabled, dtype = call.autocast
@@ -261,7 +282,8 @@ class NonFiniteLocator:
                         return module(*args, **kwargs)
 
                 ins = [t for t in tensor_leaves((args, kwargs)) if t.requires_grad]
-                return first_nonfinite_backward(forward, ins, call.grads_out, self.tracker.user)
+                grads = [g * grad_scale for g in call.grads_out] if grad_scale != 1.0 else call.grads_out
+                return first_nonfinite_backward(forward, ins, grads, self.tracker.user)
         except Exception:  # noqa: BLE001 - user code of any kind: a module that cannot be re-run still gets its finding
             return None
         finally:

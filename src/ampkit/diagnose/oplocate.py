@@ -190,11 +190,12 @@ class _FirstNonFinite(TorchDispatchMode):
         return out
 
 
-def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None) -> OpHit | None:
+def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None, tiny: _Tiny | None = None) -> OpHit | None:
     """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite
     (else the first inf/NaN op at all), with the innermost module that ran it and, given ``user``,
     the user's line that called it."""
     mode = _FirstNonFinite(user, sys._getframe())
+    mode.tiny = tiny  # a constant the forward rounded to 0 explains a division by 0 in the backward
 
     def enter(module, args):
         mode.stack.append(module)
@@ -249,7 +250,8 @@ def first_nonfinite_backward(forward: Callable[[], Any], inputs: list[torch.Tens
     """Run ``forward()`` (recording where each autograd node is created), then its backward from
     ``grads``; return the first backward op that made finite gradients inf/NaN, its ``where`` being the
     forward line that created the node. None when the backward stays finite or cannot be re-run."""
-    with torch.autograd.set_detect_anomaly(True, check_nan=False):
+    seen = _FirstNonFinite(user, sys._getframe())  # notes constants that round to 0 in the forward
+    with torch.autograd.set_detect_anomaly(True, check_nan=False), seen:
         out = forward()
     outs = [t for t in tensor_leaves(out) if t.requires_grad]
     if not inputs or len(grads) < len(outs) or not outs:
@@ -262,7 +264,8 @@ def first_nonfinite_backward(forward: Callable[[], Any], inputs: list[torch.Tens
 
     handles = [n.register_hook(lambda gi, go, n=n: hook(n, gi, go)) for n in _graph_nodes(outs)]
     try:
-        hit = first_nonfinite_op(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], allow_unused=True))
+        hit = first_nonfinite_op(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], allow_unused=True),
+                                 tiny=seen.tiny)
     finally:
         for h in handles:
             h.remove()

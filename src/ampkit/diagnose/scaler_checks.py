@@ -212,6 +212,14 @@ class ScalerChecks:
                     return float(scaler.get_scale())
         return 1.0
 
+    def loss_scale(self) -> float | None:
+        """The scale of the enabled scaler that scaled this step's loss (unscaled or not), None if none."""
+        for scaler, st in self._enabled_scalers():
+            if st.scaled_pending:
+                with self.inst.paused():
+                    return float(scaler.get_scale())
+        return None
+
     def _enabled_scalers(self) -> list[tuple[Any, _ScalerState]]:
         return [(s, st) for s, st in list(self._scalers.items()) if s.is_enabled()]
 
