@@ -183,6 +183,7 @@ class CastChecks:
             if not is_compiling() and not inst._paused and inst.mode == "diagnose":
                 with inst.paused():
                     checks._half_in_autocast(module, "`module.half()`")
+                    inst.loop_checks.note_half(module)
             return orig(module)
 
         return half
