@@ -14,7 +14,8 @@ EXAMPLES = """examples:
   ampkit diagnose --json findings.json train.py   # findings as JSON: [{code, message, where, fix, step}]
   ampkit diagnose --fp16-range train.py           # FP32 run: which modules would overflow/underflow FP16
 
-exit status: 0 no findings, 1 findings (or the script failed), 2 usage error.
+exit status: 0 no findings, 1 findings (or the script failed), 2 usage error, 3 nothing was checked
+(the script reached no optimizer step and no autocast region).
 Options go before SCRIPT; everything after SCRIPT is passed to it unchanged.
 """
 
@@ -55,6 +56,7 @@ def run(args) -> int:
 
     if args.script.startswith("-"):
         raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit diagnose --help)")
+    _check_writable(args.json_file)  # before the script runs: a run is not thrown away at the end
     if args.fp16_range:
         report, error = fp16_range_script(args.script, args.args, steps=args.steps or 5)
         payload = {"script": args.script, "error": error, **report.to_dict()}
@@ -66,7 +68,33 @@ def run(args) -> int:
     _write_json(args.json_file, result.to_list())
     if args.json_file != "-":
         _render(result)
-    return 1 if result.findings else 0
+    if result.findings:
+        return 1
+    return 0 if result.checked else NOTHING_CHECKED
+
+
+NOTHING_CHECKED = 3  # docs/reference/errors.md, docs/commands/diagnose.md
+
+
+def _check_writable(target: str | None) -> None:
+    """``--json FILE`` must be writable before anything runs (one line, exit 2, instead of a lost run).
+    Probed by opening it for appending (an existing file is left as it is; one made here is removed)."""
+    import os
+
+    if target is None or target == "-":
+        return
+    full = os.path.abspath(target)
+    if os.path.isdir(full):
+        raise UsageError(f"cannot write --json {target}: it is a folder; pass a file path (or '-' for stdout)")
+    existed = os.path.exists(full)
+    try:
+        with open(full, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write --json {target}: {exc.strerror}; pass a path you can write "
+                         "(or '-' for stdout)") from None
+    if not existed:
+        os.remove(full)
 
 
 def _write_json(target: str | None, payload) -> None:
@@ -105,6 +133,11 @@ def _render(result) -> None:
 
         print(result.traceback, file=sys.stderr)
     out.print(f"\n[bold]ampkit diagnose[/] {escape(result.script)}: {result.steps} optimizer step(s), {escape(result.stopped)}")
+    if not result.findings and not result.checked:
+        out.print("[yellow]nothing was checked:[/] the script took no optimizer step and entered no autocast region, "
+                  "so no check had anything to look at (pass the arguments it needs after SCRIPT: "
+                  "`ampkit diagnose SCRIPT ARGS...`)")
+        return
     if not result.findings:
         out.print("[green]no findings[/]")
         return

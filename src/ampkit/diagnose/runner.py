@@ -34,7 +34,9 @@ class DiagnoseResult:
     ``steps``: optimizer steps the script took; ``stopped``: why it ended (``"finished"``,
     ``"step budget"``, ``"exit N"``, ``"exception"`` or the reason a finding stopped it);
     ``error``: the script's exception as one line, or None; ``traceback``: the script's own
-    traceback (its frames, without ampkit's and runpy's), or None.
+    traceback (its frames, without ampkit's and runpy's), or None; ``checked``: False when the
+    script reached no optimizer step and no enabled autocast region, so no check had anything to
+    look at (no findings then means nothing, not "no defects").
     """
 
     script: str
@@ -43,6 +45,7 @@ class DiagnoseResult:
     stopped: str
     error: str | None = None
     traceback: str | None = None
+    checked: bool = True
 
     @property
     def ok(self) -> bool:
@@ -133,7 +136,8 @@ def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: in
         if not isinstance(error, SystemExit):
             tb = script_traceback(error, inst.user.is_user_file)
     return DiagnoseResult(script=path, findings=tuple(inst.findings), steps=inst.step, stopped=stopped,
-                          error=None if error is None else _error_line(error), traceback=tb)
+                          error=None if error is None else _error_line(error), traceback=tb,
+                          checked=inst.step > 0 or bool(inst.step_dtypes_seen))
 
 
 def _error_line(error: BaseException) -> str:
