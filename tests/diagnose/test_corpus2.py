@@ -18,7 +18,8 @@ CORPUS = Path(__file__).parent / "corpus2"
 SCRIPTS = sorted(p.stem for p in CORPUS.glob("*.py"))
 MARK = re.compile(r"#\s*expect:\s*([a-z0-9-]+)")
 PLANTED = [s for s in SCRIPTS if MARK.search((CORPUS / f"{s}.py").read_text())]
-CLEAN = [s for s in SCRIPTS if s.endswith("_clean")]
+NOTHING_TO_CHECK = ["never_trains"]
+CLEAN = [s for s in SCRIPTS if s not in PLANTED and s not in NOTHING_TO_CHECK]  # twins and range_loss_float
 
 
 def expectations(name: str) -> list[tuple[str, str]]:

@@ -149,6 +149,8 @@ class Instrumentation:
         self._patch(ac, "__enter__", casts.wrap_autocast_enter)
         self._patch(torch.Tensor, "half", casts.wrap_tensor_half)
         self._patch(torch.Tensor, "to", casts.wrap_tensor_to)
+        if self.mode == "range":
+            self._patch(torch.Tensor, "float", casts.wrap_tensor_float)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
         self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
         loop = self.loop_checks
@@ -222,7 +224,8 @@ class Instrumentation:
                 if frame is not None:
                     frame.call = call
             else:
-                self.recorder.record(module, args, kwargs, output)
+                self.recorder.record(module, args, kwargs, output,
+                                     fp32=self.tracker.depth == 0 and self.cast_checks.runs_in_fp32(module, args, kwargs))
             dev = _first_device(output)
             if dev is not None:
                 self.devices_seen.add(dev)
