@@ -63,7 +63,7 @@ def run(args) -> int:
         _write_json(args.json_file, payload)
         if args.json_file != "-":
             _render_range(report, error)
-        return 1 if (report.overflow or report.underflow or error) else 0
+        return 1 if (report.overflow or report.underflow or report.op_overflow or report.keep_fp32 or error) else 0
     result = diagnose_script(args.script, args.args, steps=args.steps or 50)
     _write_json(args.json_file, result.to_list())
     if args.json_file != "-":
@@ -185,6 +185,8 @@ def _render_range(report, error) -> None:
             flags.append("[red]grad overflows[/]")
         if (r.grad_zero_share_fp16 or 0) >= 0.5:
             flags.append("[yellow]grad underflows[/]")
+        if any(o.module == r.name for o in report.op_overflow):
+            flags.append("[red]op inside overflows[/]")
         name = f"{r.name} ({r.type})" if r.type else r.name
         t.add_row(escape(name), _num(r.act_max), _num(r.grad_max), _pct(r.grad_zero_share_fp16),
                   _pct(r.grad_subnormal_share_fp16), _pct(r.grad_zero_share_scaled), ", ".join(flags) or "ok")

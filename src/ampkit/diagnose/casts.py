@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,6 +38,7 @@ class CastChecks:
     def __init__(self, inst: Instrumentation) -> None:
         self.inst = inst
         self._decided: dict[tuple[str, str], str | None] = {}
+        self._fp32: dict[int, weakref.ref] = {}  # tensors the script cast to FP32 (range mode)
 
     # ------------------------------------------------------------------ autocast
     def wrap_autocast_init(self, orig):
@@ -172,9 +174,40 @@ class CastChecks:
                     and (kwargs.get("dtype") is torch.float16 or any(a is torch.float16 for a in args))
                     and t.is_floating_point()):
                 checks._half_in_autocast(t, "`.to(torch.float16)`", follows_dtype_ok=True)
-            return orig(t, *args, **kwargs)
+            out = orig(t, *args, **kwargs)
+            if inst.mode == "range" and (kwargs.get("dtype") is torch.float32 or any(a is torch.float32 for a in args)):
+                checks._note_fp32(out)
+            return out
 
         return to
+
+    # ------------------------------------------------------------------ explicit FP32 (range mode)
+    # The FP32 run of --fp16-range cannot see which values the AMP run computes in FP32: a loss on
+    # `logits.float()` is FP32 there. The casts are noted so that the range report leaves such calls out.
+    def wrap_tensor_float(self, orig):
+        inst, checks = self.inst, self
+
+        def float_(t, *args, **kwargs):
+            out = orig(t, *args, **kwargs)
+            if inst.mode == "range" and not is_compiling():
+                checks._note_fp32(out)
+            return out
+
+        return float_
+
+    def _note_fp32(self, t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            if len(self._fp32) > 256:
+                self._fp32 = {k: r for k, r in self._fp32.items() if r() is not None}
+            self._fp32[id(t)] = weakref.ref(t)
+
+    def runs_in_fp32(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """A parameter-free module (a loss) called on a tensor the script cast with ``.float()``: FP32 in
+        the AMP run too."""
+        if next(module.parameters(), None) is not None:
+            return False
+        ins = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
+        return any((r := self._fp32.get(id(t))) is not None and r() is t for t in ins)
 
     def wrap_module_half(self, orig):
         inst, checks = self.inst, self
