@@ -110,3 +110,12 @@ def test_json_to_an_unwritable_place_fails_before_the_script_runs(tmp_path, caps
     assert not marker.exists() and existing.read_text() == "[1]"
     assert main(["diagnose", "--json", str(tmp_path / "out.json"), str(script)]) == 3  # ran: nothing checked
     assert marker.exists() and os.path.exists(tmp_path / "out.json")
+
+
+@pytest.mark.parametrize("name, first", [("attn_mask_fp16", "use a constant the low-precision dtype holds"),
+                                         ("layernorm_eps_fp16", "use an eps the low-precision dtype holds"),
+                                         ("stats_pool_eps", "use an eps the low-precision dtype holds")])
+def test_the_fix_starts_with_the_cause(name, first, monkeypatch):
+    monkeypatch.chdir(CORPUS2)
+    (f,) = diagnose_script(f"{name}.py").findings
+    assert f.fix.startswith(first), f.fix

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
-from ampkit.diagnose.fixes import keep_fp32_fix
+from ampkit.diagnose.fixes import cause_fix, keep_fp32_fix
 from ampkit.diagnose.oplocate import OpHit, first_nonfinite_backward, first_nonfinite_op
 from ampkit.diagnose.opwatch import OpFlag
 from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
@@ -205,8 +205,9 @@ class NonFiniteLocator:
             where = self._where(call, hit, module) if hit.where else f"{self.tracker.name(module)} · {call.where}"
             message = (f"the output of {who} became inf/NaN{region}; it starts in {self.tracker.describe(module)} "
                        f"at {hit.describe()}{self._called(call, hit)}")
+        first = cause_fix(hit.cause, hit.detail) if hit is not None else ""
         return Finding(code="nonfinite-forward", message=message, where=where,
-                       fix=_keep_fp32(self, call, module=module), step=call.step)
+                       fix=first + _keep_fp32(self, call, module=module), step=call.step)
 
     def _absorbed_finding(self, flag: OpFlag) -> Finding:
         call = flag.frame.call
@@ -240,7 +241,8 @@ class NonFiniteLocator:
                         f"scale: with the scale ({loss_scale:g}) divided out it is still inf/NaN, so the GradScaler "
                         f"skips every such step (the line is the forward op whose backward failed; the module was "
                         f"called at {call.where})",
-                where=self._where(call, hit), fix=fix_for("nonfinite-backward"), step=call.step)
+                where=self._where(call, hit), fix=cause_fix(hit.cause, hit.detail) + fix_for("nonfinite-backward"),
+                step=call.step)
         if event.kind == "out":
             return Finding(
                 code="nonfinite-backward",
@@ -254,7 +256,8 @@ class NonFiniteLocator:
             message=f"the backward of {who} turned finite gradients into inf/NaN{detail}"
                     + (f" (the line is the forward op whose backward failed; the module was called at {call.where})"
                        if hit is not None and hit.where else ""),
-            where=self._where(call, hit), fix=fix_for("nonfinite-backward"), step=call.step)
+            where=self._where(call, hit), step=call.step,
+            fix=(cause_fix(hit.cause, hit.detail) if hit is not None else "") + fix_for("nonfinite-backward"))
 
     def complete_fixes(self, findings: list[Finding], init_scale: float | None) -> list[Finding]:
         """The FP16 keep-in-FP32 fixes with the initial loss scale the run showed (None: not known)."""

@@ -226,7 +226,7 @@ def _amp_error(exc: BaseException, low: str, line: str, where: str, inst: Instru
     after_step = "unscale_() is being called after step()" in low and inst.scaler_checks.update_missing()
     if after_step or any(m.lower() in low for m in _UPDATE_MISSING):
         return Finding(code="scaler-update-missing",
-                       message=f"the script raised {line}: the GradScaler stepped (or unscaled) this optimizer again "
+                       message=f"the script raised {line.rstrip('.')}: the GradScaler stepped (or unscaled) this optimizer again "
                                "without `scaler.update()` after its previous step", where=where,
                        fix=fix_for("scaler-update-missing"), step=inst.step)
     if not any(m in low for m in _DTYPE_MISMATCH):
