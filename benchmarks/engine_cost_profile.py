@@ -22,7 +22,7 @@ from ampkit.bench.core import BenchConfig, _precisions
 from ampkit.bench.runners import Ctx, build
 from ampkit.bench.workloads import load_workload
 from ampkit.device import detect_device
-from ampkit.provenance import git_commit
+from ampkit.device.provenance import git_commit
 
 STEPS = 10
 

@@ -5,7 +5,7 @@
 What runs: ampkit's ``CharLM`` (pre-LayerNorm GPT blocks, tied head) built on the device, in the shapes
 ``gpt-d2048-l24`` (d=2048, 24 layers, 16 heads, B8 x T2048, vocab 50304) and ``gpt2-small`` (d=768,
 12 layers, B16 x T1024); each step is ampkit's: ``MixedPrecision(resolve_precision(p))``, ``autocast``,
-``backward``, ``step`` with fused AdamW; FP8 configs first call ``ampkit.fp8.convert(model, recipe=...)``.
+``backward``, ``step`` with fused AdamW; FP8 configs first call ``ampkit.engine.fp8.convert(model, recipe=...)``.
 Tokens are random (timing only). Compilation is regional: each transformer block is compiled
 (``block.compile()``, one graph reused by all blocks) and so are the final norm + head + loss; the
 embeddings run eager. Whole-model compilation of the big shape takes 1.5-2.5 min per config, more than
@@ -32,10 +32,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ampkit import fp8
+from ampkit.engine import fp8
 from ampkit.device import detect_device
 from ampkit.engine import MixedPrecision
-from ampkit.policy import resolve_precision
+from ampkit.device.policy import resolve_precision
 from ampkit.tasks.charlm import CharLM
 
 SHAPES = {

@@ -406,7 +406,7 @@ def render(results: list[dict] | None = None) -> str:
         "differences of about 1 % between files are within run-to-run noise. What the columns mean:",
         "`docs/commands/bench.md` (the site's `ampkit bench` page). The dated history of the first runs, with",
         "the analysis of the figures that fall short, is `benchmarks/results/HISTORY.md`; the commands that",
-        "reproduce every file are in `benchmarks/gpu_session.sh` and `benchmarks/run_h200.sh`.",
+        "reproduce every file are workloads of `benchmarks/record_gpu.sh` (`--list` names them).",
         "",
     ]
     bench = by_kind.get("bench", [])

@@ -88,7 +88,7 @@ def make_musa_module(name: str, *, version: str = "2.7.1", count: int = 1):
 
 
 def simulated_probe_factory(bf16_ok: bool, fp16_ok: bool, vendor_error: str):
-    from ampkit import hardware
+    from ampkit.device import hardware
     from ampkit.device import Device
 
     real = hardware.probe_dtype
@@ -110,7 +110,7 @@ def install_musa(monkeypatch, name: str, *, version: str = "2.7.1", v29_matmul: 
     ``bf16_probe_passes``: the run-time BF16 probe succeeds even where the card has no BF16 (the emulation
     trap at its worst: a small op happens to run). ``tf32_on``: the TF32 switches start True (torch_musa
     v2.7's default for mudnn)."""
-    from ampkit import hardware
+    from ampkit.device import hardware
 
     module = make_musa_module(name, version=version)
     monkeypatch.setattr(torch, "musa", module, raising=False)
@@ -129,7 +129,7 @@ def install_musa(monkeypatch, name: str, *, version: str = "2.7.1", v29_matmul: 
 
 def install_cuda(monkeypatch, capability: tuple[int, int], name: str | None = None):
     """Pretend the CPU-only torch sees one NVIDIA card of ``capability``."""
-    from ampkit import hardware
+    from ampkit.device import hardware
 
     name = name or {(7, 0): "Tesla V100-SXM2-32GB", (8, 0): "NVIDIA A100-SXM4-80GB",
                     (9, 0): "NVIDIA H100 80GB HBM3"}.get(capability, f"NVIDIA sm_{capability[0]}{capability[1]}")

@@ -7,7 +7,7 @@ from torch import nn
 from ampkit.device import Device
 from ampkit.engine import MixedPrecision, is_fused
 from ampkit.errors import AmpkitError, TrainingHalted
-from ampkit.policy import resolve_precision
+from ampkit.device.policy import resolve_precision
 
 CPU = Device("cpu")
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ampkit.config import DEFAULT_SKIP_CHECK_EVERY, PRESETS, AmpConfig
+from ampkit.engine.config import DEFAULT_SKIP_CHECK_EVERY, PRESETS, AmpConfig
 from ampkit.errors import UsageError
 
 BAD = [

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as L
 
-import ampkit.schedule
+import ampkit.engine.schedule
 from ampkit.device import detect_device
 from ampkit.engine import MixedPrecision
 
@@ -48,7 +48,7 @@ def _steady(dev, step, warmup=3, steps=10):
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_two_optimizers_and_schedulers_make_no_host_sync(precision, monkeypatch):
-    monkeypatch.setattr(ampkit.schedule, "CHUNK", 4)  # the schedule table is extended during the steady steps
+    monkeypatch.setattr(ampkit.engine.schedule, "CHUNK", 4)  # the schedule table is extended during the steady steps
     dev = detect_device()
     model = _model(dev)
     o1 = torch.optim.AdamW(model[0].parameters(), lr=1e-3, fused=True)

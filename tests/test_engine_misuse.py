@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.config import AmpConfig
+from ampkit.engine.config import AmpConfig
 from ampkit.device import Device
 from ampkit.engine import MixedPrecision
 from ampkit.errors import AmpkitError, TrainingHalted, UsageError

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as L
 
-import ampkit.schedule
+import ampkit.engine.schedule
 from ampkit.engine import MixedPrecision
 from ampkit.errors import UsageError
 
@@ -77,7 +77,7 @@ def _reference(kind, sched_name, name, n):
 @pytest.mark.parametrize("kind", ["fused", "fused-sgd", "foreach"])
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
 def test_skipped_steps_do_not_advance_the_schedule(name, kind, sched_name, monkeypatch):
-    monkeypatch.setattr(ampkit.schedule, "CHUNK", 4)  # extend the device table several times in 14 steps
+    monkeypatch.setattr(ampkit.engine.schedule, "CHUNK", 4)  # extend the device table several times in 14 steps
     n = 14
     ref_model, ref_sched, ref_lrs = _reference(kind, sched_name, name, n)
     model, opt, sched = _make(kind, sched_name)

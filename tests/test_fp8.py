@@ -17,9 +17,9 @@ from ampkit.cli import main
 from ampkit.device import detect_device
 from ampkit.engine import MixedPrecision
 from ampkit.errors import AmpkitError, PrecisionUnsupported, UsageError
-from ampkit.fp8 import FP8Filter, convert, plan, require_torchao, torchao_missing
-from ampkit.hardware import capabilities, probe_fp8
-from ampkit.policy import resolve_precision
+from ampkit.engine.fp8 import FP8Filter, convert, plan, require_torchao, torchao_missing
+from ampkit.device.hardware import capabilities, probe_fp8
+from ampkit.device.policy import resolve_precision
 
 needs_torchao = pytest.mark.skipif(torchao_missing() is not None, reason="torchao is not installed (ampkit[fp8])")
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ampkit.device import Device, detect_device
-from ampkit.hardware import capabilities, card_facts, probe_dtype
+from ampkit.device.hardware import capabilities, card_facts, probe_dtype
 
 
 def test_cpu_probe_decides():

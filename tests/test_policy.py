@@ -3,7 +3,7 @@ import torch
 
 from ampkit.device import Device
 from ampkit.errors import PrecisionUnsupported, UsageError
-from ampkit.policy import apply_tf32, bf16_advice, resolve_precision, supports, tf32_applied
+from ampkit.device.policy import apply_tf32, bf16_advice, resolve_precision, supports, tf32_applied
 
 
 def test_auto_on_cpu_picks_bf16_with_reason():
@@ -27,7 +27,7 @@ def test_precision_is_frozen():
 
 def test_unknown_precision():
     with pytest.raises(UsageError):
-        resolve_precision("fp4", Device("cpu"))  # fp8 is a precision now (ampkit.fp8)
+        resolve_precision("fp4", Device("cpu"))  # fp8 is a precision now (ampkit.engine.fp8)
 
 
 def test_s80_refuses_bf16_naming_card_and_fix(simulated_musa):

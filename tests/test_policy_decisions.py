@@ -1,6 +1,6 @@
 """resolve_precision's decisions and the exact text users see (the CLI prints ``reason`` and refusals as they are).
 
-Written from a mutation-testing pass over ampkit.policy: each test pins a decision or a message that an
+Written from a mutation-testing pass over ampkit.device.policy: each test pins a decision or a message that an
 earlier suite let change silently (which device is asked, TF32 on/off, which probe runs, the wording).
 """
 
@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 
-from ampkit import hardware
+from ampkit.device import hardware
 from ampkit.device import Device
 from ampkit.errors import PrecisionUnsupported, UsageError
-from ampkit.fp8 import torchao_missing
-from ampkit.policy import PRECISION_CHOICES, bf16_advice, resolve_precision, supports
+from ampkit.engine.fp8 import torchao_missing
+from ampkit.device.policy import PRECISION_CHOICES, bf16_advice, resolve_precision, supports
 
 CPU_NAME = Device("cpu").name  # the host's CPU model: differs between machines
 CHOICES = ", ".join(PRECISION_CHOICES)
@@ -80,7 +80,7 @@ def test_auto_fp16_when_bf16_is_unverified(simulated_musa):
     # No table answer and no probe for BF16, FP16 known good: auto says BF16 is unverified, not "not supported".
     import dataclasses
 
-    from ampkit.hardware import Support, capabilities
+    from ampkit.device.hardware import Support, capabilities
 
     simulated_musa("MTT S80")
     caps = capabilities(Device("musa"), probe=False)
@@ -208,7 +208,7 @@ def test_fp8_refusal_on_a_device_with_neither_low_precision():
 
 
 def test_fp8_card_whose_bf16_fails_is_refused_for_want_of_bf16(simulated_cuda, monkeypatch):
-    from ampkit.hardware import capabilities
+    from ampkit.device.hardware import capabilities
 
     simulated_cuda((9, 0))
     _bf16_probe_fails(monkeypatch)

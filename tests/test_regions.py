@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ampkit.errors import UsageError
-from ampkit.regions import FP32Regions, apply_fp32_regions, normalize_fp32_modules, strip_wrapper_prefixes
+from ampkit.engine.regions import FP32Regions, apply_fp32_regions, normalize_fp32_modules, strip_wrapper_prefixes
 
 LOW = [torch.bfloat16, torch.float16]
 

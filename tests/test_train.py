@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ampkit.cli import main
-from ampkit.trainer import TrainConfig, train
+from ampkit.training.trainer import TrainConfig, train
 
 HERE = os.path.dirname(__file__)
 TOY = os.path.join(HERE, "toy_task.py") + ":make_task"

@@ -14,7 +14,7 @@ from torch import nn
 
 import ampkit
 from ampkit.errors import UsageError
-from ampkit.trainer import TrainConfig, train
+from ampkit.training.trainer import TrainConfig, train
 from ampkit.training import stop as stop_mod
 from ampkit.training.stop import StopRequest, parse_signal
 
@@ -255,7 +255,7 @@ def test_bad_flags_one_line(argv, needle, capsys):
 
 # ---------------------------------------------------------------- the scale monitor
 def test_scale_monitor_warns_once_with_the_advice_it_was_given():
-    from ampkit.monitor import ScaleMonitor
+    from ampkit.engine.monitor import ScaleMonitor
 
     m = ScaleMonitor(window=10, max_backoffs=2, floor=1.0, advice="use --precision bf16 (x)")
     assert m.update(5, 1024.0, 2) is None  # 2 backoffs: not more than 2

@@ -14,7 +14,7 @@ import torch
 import ampkit
 from ampkit.cli import main
 from ampkit.device import Device
-from ampkit.trainer import TrainConfig, train
+from ampkit.training.trainer import TrainConfig, train
 from ampkit.training.setup import graph_blocker
 
 HERE = os.path.dirname(__file__)

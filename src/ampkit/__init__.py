@@ -10,26 +10,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ampkit import _moved
+
 __version__ = "0.1.0"
+
+_moved.install()  # old module paths (ampkit.policy, ampkit.trainer, ...) for one more release
 
 # Public name -> module. Imported lazily so `ampkit migrate` does not pay for torch-heavy modules
 # and a missing optional dependency only fails the feature that needs it.
 _EXPORTS = {
     "Device": "ampkit.device",
     "detect_device": "ampkit.device",
-    "Capabilities": "ampkit.hardware",
-    "capabilities": "ampkit.hardware",
-    "Precision": "ampkit.policy",
-    "resolve_precision": "ampkit.policy",
+    "Capabilities": "ampkit.device.hardware",
+    "capabilities": "ampkit.device.hardware",
+    "Precision": "ampkit.device.policy",
+    "resolve_precision": "ampkit.device.policy",
     "MixedPrecision": "ampkit.engine",
-    "AmpConfig": "ampkit.config",
+    "AmpConfig": "ampkit.engine.config",
     "save_checkpoint": "ampkit.checkpoint",
     "load_checkpoint": "ampkit.checkpoint",
     "restore": "ampkit.checkpoint",
     "Task": "ampkit.tasks",
     "load_task": "ampkit.tasks",
-    "train": "ampkit.trainer",
-    "TrainConfig": "ampkit.trainer",
+    "train": "ampkit.training.trainer",
+    "TrainConfig": "ampkit.training.config",
     "Callback": "ampkit.training.callbacks",
     "TrainState": "ampkit.training.callbacks",
     "compare": "ampkit.verify.compare",

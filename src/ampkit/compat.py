@@ -14,16 +14,25 @@ What lives here and why it is needed:
   attributes read by fused ``step()``): how a skipped step is skipped on the device.
 * ``torch.nn.utils.get_total_norm`` (torch 2.6+), and the ``torch._foreach_*`` kernels (one launch for
   several small tensors: the engine's counters and learning rates).
+* torchao, the optional FP8 dependency: whether it is installed, and its import with the one-line
+  error (the device layer's FP8 probe and the engine's FP8 conversion both need it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import logging
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 __all__ = [
+    "INSTALL_HINT",
+    "torchao_missing",
+    "quiet_torchao_import",
+    "require_torchao",
     "TORCH_VERSION",
     "HAS_GET_TOTAL_NORM",
     "scaler_tensors",
@@ -138,3 +147,45 @@ def fsdp2() -> tuple[Any, Any]:
     except ImportError:  # torch 2.5
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
     return fully_shard, MixedPrecisionPolicy
+
+
+# Optional dependencies, imported only when a feature needs them.
+INSTALL_HINT = "pip install 'ampkit[fp8]' (torchao)"
+
+
+def torchao_missing() -> str | None:
+    """None when torchao can be imported; else the one-line reason with the install command."""
+    if importlib.util.find_spec("torchao") is None:
+        return f"FP8 training needs torchao, which is not installed: {INSTALL_HINT}"
+    return None
+
+
+@contextlib.contextmanager
+def quiet_torchao_import() -> Iterator[None]:
+    # torchao logs a warning for each optional C extension built for other GPUs that it cannot load
+    # (cutlass sm90a, mxfp8 ...); the float8 training path does not use them.
+    logger = logging.getLogger("torchao")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def require_torchao() -> Any:
+    """Import and return ``torchao.float8``; :class:`~ampkit.errors.AmpkitError` (one line) when missing."""
+    from ampkit.errors import AmpkitError
+
+    missing = torchao_missing()
+    if missing:
+        raise AmpkitError(missing)
+    try:
+        with quiet_torchao_import():
+            import torchao.float8 as float8
+    except Exception as exc:  # noqa: BLE001 - a broken install (ABI mismatch with torch) is the finding
+        from ampkit.errors import first_line
+
+        raise AmpkitError(f"torchao is installed but cannot be imported ({first_line(exc, 160)}): install a "
+                          "torchao release built for this torch (see the torchao compatibility table)") from None
+    return float8

@@ -16,7 +16,7 @@ from ampkit.bench import BenchConfig, run_bench
 from ampkit.bench.workloads import fp8_copy, load_workload
 from ampkit.device import detect_device
 from ampkit.errors import UsageError
-from ampkit.policy import resolve_precision
+from ampkit.device.policy import resolve_precision
 
 pytest.importorskip("torchao")
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ampkit.bench import SimpleModel
 from ampkit.engine import MixedPrecision
-from ampkit.graph import GraphedStep, capture_blockers
+from ampkit.engine.graph import GraphedStep, capture_blockers
 
 
 def _loss(m, b):
@@ -59,7 +59,7 @@ def test_blockers_name_the_fix(simulated_cuda):
     # A device with graphs (simulated CUDA card) lets the optimizer and accumulation checks speak.
     simulated_cuda((9, 0))
     from ampkit.device import Device
-    from ampkit.policy import resolve_precision
+    from ampkit.device.policy import resolve_precision
 
     dev = Device("cuda", 0)
     if dev.graph_api() is None:

@@ -15,13 +15,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import TASK_OPTIONS, ampkit  # noqa: E402
 
 from ampkit import distributed as D  # noqa: E402
-from ampkit.checkpoint_dcp import RunCheckpoints  # noqa: E402
+from ampkit.checkpoint.dcp import RunCheckpoints  # noqa: E402
 from ampkit.cli import build_parser  # noqa: E402
 from ampkit.cli.train import _train_argv  # noqa: E402
 from ampkit.device import Device  # noqa: E402
 from ampkit.errors import DeviceError, UsageError  # noqa: E402
-from ampkit.policy import resolve_precision  # noqa: E402
-from ampkit.trainer import TrainConfig, train  # noqa: E402
+from ampkit.device.policy import resolve_precision  # noqa: E402
+from ampkit.training.trainer import TrainConfig, train  # noqa: E402
 from ampkit.training.metrics import truncate_metrics  # noqa: E402
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _runs import RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, dumps, env, metrics  # noqa: E402
 from faults import FAULTS  # noqa: E402
 
-from ampkit.trainer import TrainConfig, train  # noqa: E402
+from ampkit.training.trainer import TrainConfig, train  # noqa: E402
 
 STEPS, SIGNAL_AFTER, CHECK_EVERY = 12, 3, 2
 

@@ -16,7 +16,7 @@ from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, d
 
 from faults import FAULTS, Faults  # noqa: E402
 
-from ampkit.trainer import TrainConfig, train  # noqa: E402
+from ampkit.training.trainer import TrainConfig, train  # noqa: E402
 
 STEPS, INF_AT, MORE = 6, 3, 9  # 2-rank runs train 6 steps; resumed runs continue to 9
 

@@ -18,7 +18,7 @@ from _runs import (RTOL, TASK_ARGS, TASK_OPTIONS, ampkit, assert_losses_close, d
 
 from faults import FAULTS, Faults  # noqa: E402
 
-from ampkit.trainer import TrainConfig, train  # noqa: E402
+from ampkit.training.trainer import TrainConfig, train  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 

@@ -116,7 +116,7 @@ def test_module_errors_name_the_absorbed_overflow_in_the_right_module():
     import torch
     from torch import nn
 
-    from ampkit.policy import resolve_precision
+    from ampkit.device.policy import resolve_precision
     from ampkit.verify.locate import module_errors
     from overflow_norm_task import HandNorm
 
@@ -141,7 +141,7 @@ def test_module_errors_name_the_absorbed_overflow_in_the_right_module():
 def test_recommendation_commands_for_each_kind():
     import types
 
-    from ampkit.policy import resolve_precision
+    from ampkit.device.policy import resolve_precision
     from ampkit.verify.explain import _recommend
     from ampkit.verify.runs import RunPlan
 

@@ -17,8 +17,8 @@ from ampkit.bench.runners import PEERS, RUNNERS, Built, Ctx, Refused, Unavailabl
 from ampkit.bench.workloads import Workload, fp8_copy, load_workload
 from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported, UsageError, first_line
-from ampkit.policy import Precision, resolve_precision
-from ampkit.provenance import git_commit
+from ampkit.device.policy import Precision, resolve_precision
+from ampkit.device.provenance import git_commit
 
 __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
 
@@ -163,12 +163,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     if any(label == "fp8" for label, _ in precisions):
         workloads[True], summary = fp8_copy(wl, config.fp8_recipe)
         notes.append(f"fp8 rows: {summary}; MFU against the BF16 matmul rate")
-    compiled_fwds: dict[bool, Any] = {}
-    if config.compile:
-        kw = {"backend": config.compile_backend}
-        if config.compile_mode:
-            kw["mode"] = config.compile_mode
-        compiled_fwds = {is_fp8: torch.compile(_LossModule(w.model, w.loss), **kw) for is_fp8, w in workloads.items()}
+    compiled_fwds = _compiled_forwards(config, workloads)
     tf32_before = device.tf32_switches()
     rounds = config.rounds or (5 if device.is_accelerator else 1)
     configs = [(label, prec, compiled, _runners_for(config, label, compiled))
@@ -208,6 +203,24 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
                                                     == (label, compiled, runner))})
     finally:
         device.restore_tf32(tf32_before)  # each switch to its own value (cuBLAS and cuDNN differ by default)
+    settings = {"steps": steps, "warmup": warmup, "rounds": rounds, **({"fp8_recipe": config.fp8_recipe}
+                                                                       if True in workloads else {})}
+    return _result(config, device, wl, peak, settings, rows, notes)
+
+
+def _compiled_forwards(config: BenchConfig, workloads: dict[bool, Any]) -> dict[bool, Any]:
+    """The loss of each workload (as it is, and its FP8 copy) under ``torch.compile``; {} without --compile."""
+    if not config.compile:
+        return {}
+    kw = {"backend": config.compile_backend}
+    if config.compile_mode:
+        kw["mode"] = config.compile_mode
+    return {is_fp8: torch.compile(_LossModule(w.model, w.loss), **kw) for is_fp8, w in workloads.items()}
+
+
+def _result(config: BenchConfig, device: Any, wl: Any, peak: dict[str, Any], settings: dict[str, Any],
+            rows: list[dict[str, Any]], notes: list[str]) -> dict[str, Any]:
+    """The result object (the JSON of ``ampkit bench --json``), with its bars and notes."""
     result: dict[str, Any] = {
         "schema": 1,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -217,11 +230,12 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
         "versions": _versions(device),
         "model": wl.to_dict(),
         "peak": peak,
-        "settings": {"steps": steps, "warmup": warmup, "rounds": rounds, "max_grad_norm": config.max_grad_norm,
+        "settings": {"steps": settings["steps"], "warmup": settings["warmup"], "rounds": settings["rounds"],
+                     "max_grad_norm": config.max_grad_norm,
                      "compile_mode": config.compile_mode or "default", "compile_backend": config.compile_backend,
                      "optimizer": wl.optimizer_name + " (lesson runner: the default foreach/for-loop form)",
                      "sync_steps": config.sync_steps, "seed": config.seed,
-                     **({"fp8_recipe": config.fp8_recipe} if True in workloads else {})},
+                     **({"fp8_recipe": settings["fp8_recipe"]} if "fp8_recipe" in settings else {})},
         "rows": rows,
     }
     result["bars"] = evaluate_bars(result)

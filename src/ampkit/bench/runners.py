@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ampkit.device import Device
-from ampkit.policy import Precision
+from ampkit.device.policy import Precision
 
 from ampkit.choices import BENCH_PEERS, BENCH_RUNNERS  # noqa: E402
 

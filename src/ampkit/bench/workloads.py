@@ -138,10 +138,10 @@ def _from_task(task: Any, name: str) -> Workload:
 
 def fp8_copy(wl: Workload, recipe: str) -> tuple[Workload, str]:
     """The workload with a copy of its model whose chosen ``nn.Linear`` layers are torchao's ``Float8Linear``
-    (:func:`ampkit.fp8.convert`): the same initial weights (the state dict keys do not change) and batches, so
+    (:func:`ampkit.engine.fp8.convert`): the same initial weights (the state dict keys do not change) and batches, so
     the FP8 rows time the same training as the others; ``wl`` itself is left as it was. Returns the copy and
     the conversion's one-line summary."""
-    from ampkit.fp8 import convert
+    from ampkit.engine.fp8 import convert
 
     model = copy.deepcopy(wl.model)
     report = convert(model, recipe=recipe)

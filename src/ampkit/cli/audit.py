@@ -42,7 +42,7 @@ def _tag(cat: str) -> str:
 
 def run(args) -> int:
     from ampkit.device import detect_device
-    from ampkit.policy import resolve_precision
+    from ampkit.device.policy import resolve_precision
     from ampkit.tasks import load_task, parse_task_args
     from ampkit.verify.audit import audit_task
 

@@ -27,7 +27,7 @@ def register(sub, formatter_class):
 
 def run(args) -> int:
     from ampkit.device import detect_device
-    from ampkit.doctor import doctor_report
+    from ampkit.device.doctor import doctor_report
 
     report = doctor_report(detect_device(args.device), precision=args.precision, probe=not args.no_probe)
     check = report.get("check")

@@ -125,7 +125,7 @@ def _launch(args) -> int:
 def run(args) -> int:
     from ampkit.errors import UsageError
     from ampkit.tasks import parse_task_args
-    from ampkit.trainer import TrainConfig, train
+    from ampkit.training.trainer import TrainConfig, train
 
     if args.max_restarts is not None and args.nproc is None:
         raise UsageError("--max-restarts goes with --nproc N (under your own torchrun, pass --max-restarts to "

@@ -4,7 +4,7 @@
 installs around ``torch.autocast`` and ``Tensor.half`` / ``Tensor.to`` / ``Module.half``:
 
 * autocast construction: forced off in range mode, else checked against the precision decision
-  (``dtype-unsupported``, by :func:`ampkit.policy.resolve_precision`; it ends the run);
+  (``dtype-unsupported``, by :func:`ampkit.device.policy.resolve_precision`; it ends the run);
 * autocast entry: records the autocast (device, dtype) of the current optimizer step, which the
   step and GradScaler checks read;
 * manual casts to FP16 made directly by the user's code inside an autocast region
@@ -89,10 +89,10 @@ class CastChecks:
 
     def _refusal(self, device_type: str, key: str) -> str | None:
         """Why ``key`` cannot run on ``device_type`` (None: it can), by the one precision decision,
-        :func:`ampkit.policy.resolve_precision` (card table, then the run-time probe); asked once per run."""
+        :func:`ampkit.device.policy.resolve_precision` (card table, then the run-time probe); asked once per run."""
         from ampkit.device import Device
         from ampkit.errors import PrecisionUnsupported
-        from ampkit.policy import resolve_precision
+        from ampkit.device.policy import resolve_precision
 
         if (device_type, key) not in self._decided:
             try:

@@ -261,8 +261,8 @@ def _failing_function(exc: BaseException) -> tuple[str, bool] | None:
 
 def _dtype_fix(low_dtypes: set, inst: Instrumentation) -> str:
     """Name the dtype that works here: BF16 when the run used FP16 and this device has BF16 (the one
-    precision decision, :func:`ampkit.policy.supports`), else the registry's generic fix."""
-    from ampkit.policy import supports
+    precision decision, :func:`ampkit.device.policy.supports`), else the registry's generic fix."""
+    from ampkit.device.policy import supports
 
     dev = next((t for t in sorted(inst.devices_seen) if t != "cpu"), "cpu")
     if torch.float16 in low_dtypes and supports("bf16", dev):

@@ -1,9 +1,4 @@
-"""How a diagnose run stops the user's script: :class:`StopRun`.
-
-Its own module because every wrapper module (casts, scaler checks, host reads) may raise it and the
-instrumentation that installs them catches it: a module of its own keeps diagnose/ free of import
-circles.
-"""
+"""How a diagnose run stops the script it runs (its own module: every check raises it, the runner catches it)."""
 
 from __future__ import annotations
 

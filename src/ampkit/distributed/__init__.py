@@ -4,7 +4,7 @@ ampkit writes no collective and no process manager: ``torchrun`` starts one proc
 restarts them with ``--max-restarts``), :mod:`.group` reads its environment and joins the process
 group with the backend the device layer names (nccl, mccl, gloo), :mod:`.wrap` wraps the model and
 shares the data, :mod:`.launch` builds and runs the torchrun command of ``ampkit train --nproc``.
-Sharded checkpoints live in :mod:`ampkit.checkpoint_dcp`.
+Sharded checkpoints live in :mod:`ampkit.checkpoint.dcp`.
 
 >>> ctx = init_from_env()                      # None when not started by torchrun  # doctest: +SKIP
 >>> model = wrap_model(model, "fsdp", precision, ctx.device)                        # doctest: +SKIP

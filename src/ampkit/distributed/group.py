@@ -68,7 +68,7 @@ def check_collectives(device: Device) -> None:
     """Refuse, with the card's name, a device whose vendor stack has no collective library."""
     if not device.is_accelerator:
         return
-    from ampkit.hardware import capabilities
+    from ampkit.device.hardware import capabilities
 
     caps = capabilities(device, probe=False)
     if caps.collectives.supported is False:

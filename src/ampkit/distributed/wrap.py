@@ -12,7 +12,7 @@ from ampkit.compat import fsdp2
 from ampkit.distributed.group import active
 from ampkit.device import Device
 from ampkit.errors import UsageError
-from ampkit.policy import Precision
+from ampkit.device.policy import Precision
 from ampkit.tasks import map_tensors
 
 __all__ = ["STRATEGIES", "mp_policy", "wrap_model", "unwrap", "shard_batch"]

@@ -18,7 +18,7 @@ import torch
 
 from ampkit.checkpoint import atomic_write_bytes
 from ampkit.errors import UsageError
-from ampkit.monitor import ScaleMonitor
+from ampkit.engine.monitor import ScaleMonitor
 
 __all__ = ["LossWindow", "MetricsSink", "truncate_metrics"]
 

@@ -1,4 +1,4 @@
-"""Everything a run is made of, built once from its :class:`~ampkit.trainer.TrainConfig`: device and
+"""Everything a run is made of, built once from its :class:`~ampkit.training.TrainConfig`: device and
 process group, precision, task, model (wrapped for DDP/FSDP2), optimizer, LR scheduler, engine,
 checkpoints and callbacks."""
 
@@ -7,24 +7,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ampkit.checkpoint import prepare_folder
-from ampkit.checkpoint_dcp import RunCheckpoints
+from ampkit.checkpoint.dcp import RunCheckpoints
 from ampkit.device import Device
 from ampkit.distributed import DistContext, shard_batch, unwrap, wrap_model
 from ampkit.engine import MixedPrecision
 from ampkit.errors import UsageError
-from ampkit.policy import Precision, resolve_precision
-from ampkit.regions import FP32Regions
+from ampkit.device.policy import Precision, resolve_precision
+from ampkit.engine.regions import FP32Regions
 from ampkit.tasks import Task, load_task
 from ampkit.training.callbacks import load_callbacks
-
-if TYPE_CHECKING:
-    from ampkit.trainer import TrainConfig
+from ampkit.training.config import TrainConfig
 
 __all__ = ["Run", "build_run", "make_optimizer"]
 
@@ -33,7 +31,7 @@ __all__ = ["Run", "build_run", "make_optimizer"]
 class Run:
     """The live objects of one run on this process."""
 
-    config: "TrainConfig"
+    config: TrainConfig
     ctx: DistContext | None
     device: Device
     precision: Precision
@@ -85,7 +83,7 @@ def make_optimizer(model: nn.Module, task: Task, device: Device, *, lr: float | 
     return torch.optim.AdamW(model.parameters(), lr=lr or task.lr, weight_decay=task.weight_decay, **kwargs)
 
 
-def _strategy(config: "TrainConfig", ctx: DistContext | None, notes: list[str]) -> str | None:
+def _strategy(config: TrainConfig, ctx: DistContext | None, notes: list[str]) -> str | None:
     strategy = config.strategy
     if ctx is not None and strategy is None and ctx.world_size > 1:
         strategy = "ddp"
@@ -107,7 +105,7 @@ def _batch_fn(task: Task, ctx: DistContext | None) -> Callable[[int], Any]:
     return batch
 
 
-def graph_blocker(config: "TrainConfig", ctx: DistContext | None, task: Task, callbacks: list[Any],
+def graph_blocker(config: TrainConfig, ctx: DistContext | None, task: Task, callbacks: list[Any],
                   device: Device) -> str | None:
     """Why this run's step cannot be recorded as one device graph, in a few words; None when it can be
     tried (the loop still checks for host syncs in the model before capture and falls back if it finds one)."""
@@ -128,7 +126,7 @@ def graph_blocker(config: "TrainConfig", ctx: DistContext | None, task: Task, ca
     return None
 
 
-def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *, task: Task | None,
+def build_run(config: TrainConfig, ctx: DistContext | None, device: Device, *, task: Task | None,
               precision: Precision | None) -> Run:
     if ctx is not None:
         device = ctx.device
@@ -150,7 +148,7 @@ def build_run(config: "TrainConfig", ctx: DistContext | None, device: Device, *,
     model = task.model.to(device.torch_device)
     if precision.name == "fp8":
         # torchao's Float8Linear in place of the chosen nn.Linear layers, before any wrapper (same Parameters).
-        from ampkit.fp8 import convert
+        from ampkit.engine.fp8 import convert
 
         notes.append(convert(model, recipe=config.fp8_recipe).summary())
     if config.fp32_modules and ctx is not None and strategy == "fsdp" and precision.is_low_precision:

@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from ampkit.device import Device, parse_device
 from ampkit.errors import UsageError
-from ampkit.policy import Precision, resolve_precision
+from ampkit.device.policy import Precision, resolve_precision
 from ampkit.verify.record import (BACKWARD, CATEGORIES, LOW, OUTSIDE, OpRecord, _AutocastState,  # noqa: F401
                                   _dtype_name, _first_tensor, _module_hooks, _Recorder, _SHORT, _State)
 
@@ -308,7 +308,7 @@ def _regions(model: nn.Module, fp32_modules: Any, precision: Precision) -> Any:
     """The FP32 regions' hooks on ``model`` for the audited pass (None without ``fp32_modules``)."""
     if not fp32_modules:
         return None
-    from ampkit.regions import apply_fp32_regions
+    from ampkit.engine.regions import apply_fp32_regions
 
     return apply_fp32_regions(model, fp32_modules, device_type=precision.device.type)
 
@@ -328,12 +328,12 @@ def audit(model: nn.Module, example_inputs: Any, *, precision: Precision | str =
         model: any ``nn.Module``; it is not modified (hooks are removed, gradients restored).
         example_inputs: a tensor, a tuple/list of positional inputs, or a dict of keyword inputs;
             moved to the model's device.
-        precision: ``"auto" | "bf16" | "fp16" | "fp32"`` or a resolved :class:`~ampkit.policy.Precision`.
+        precision: ``"auto" | "bf16" | "fp16" | "fp32"`` or a resolved :class:`~ampkit.device.policy.Precision`.
         loss_fn: ``loss_fn(output) -> scalar`` run under autocast, as in training. Default: the sum of
             the output (computed in FP32 and not recorded), only to drive the backward pass.
         device: where to run (default: where the model's parameters are).
         fp32_modules: FP32 regions declared as in training (names, globs, types, ``"preset:norm"``; see
-            :mod:`ampkit.regions`): they are reported in ``declared``, not as surprises.
+            :mod:`ampkit.engine.regions`): they are reported in ``declared``, not as surprises.
 
     >>> r = audit(torch.nn.Linear(4, 4), torch.randn(2, 4), precision="bf16")   # doctest: +SKIP
     >>> r.output_dtype                                                          # doctest: +SKIP
@@ -366,7 +366,7 @@ def audit_task(task: Any, *, precision: Precision | str = "auto", device: Device
     ``fp32_modules``: the run's FP32 regions (see :func:`audit`), reported as declared, not as surprises.
     """
     from ampkit.device import detect_device
-    from ampkit.trainer import batch_to
+    from ampkit.training.trainer import batch_to
 
     dev = device if isinstance(device, Device) else detect_device(device)
     prec = _resolve(precision, dev)

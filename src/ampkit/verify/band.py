@@ -20,7 +20,7 @@ constructed inputs and reused by ``compare --explain`` to judge its reruns again
   mean. Only the harmful direction fails.
 * **Skipped steps.** More than ``MAX_SKIP_SHARE`` (5 %) of any AMP run's optimizer steps skipped
   (non-finite gradients) fails.
-* **Scale collapse.** The trainer's :class:`~ampkit.monitor.ScaleMonitor` warning ``scale-collapse``
+* **Scale collapse.** The trainer's :class:`~ampkit.engine.monitor.ScaleMonitor` warning ``scale-collapse``
   in any FP16 run fails, with its fix.
 * **FP32 reference.** A non-finite FP32 loss fails the comparison: the task itself must be fixed first.
 

@@ -9,12 +9,12 @@
 
 What is run: for each seed, the task is built once, its initial weights are copied, and it is trained
 in FP32 and then, from those same weights and the same ``batch(step)`` stream, in the AMP precision.
-Both runs use the trainer (:func:`ampkit.trainer.train`) with evaluation on.
+Both runs use the trainer (:func:`ampkit.training.trainer.train`) with evaluation on.
 
 How the verdict is reached: :mod:`ampkit.verify.band` (pure functions; the margins are its module
 constants, documented in the README under "The verdict").
 
-With ``fp32_modules`` the AMP runs keep those modules in FP32 (:mod:`ampkit.regions`), and the cost of
+With ``fp32_modules`` the AMP runs keep those modules in FP32 (:mod:`ampkit.engine.regions`), and the cost of
 each region (step time and peak memory with and without it) is measured and reported. With
 ``explain=True``, :mod:`ampkit.verify.explain` ranks the modules by the error they add and, after a
 FAIL, tries fixes with short reruns (``CompareResult.explain``).
@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import Device, detect_device
 from ampkit.errors import UsageError
-from ampkit.policy import Precision, bf16_advice, resolve_precision
+from ampkit.device.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
 from ampkit.verify.band import (BAND_REL, BAND_SIGMAS, MARGINS, MAX_SKIP_SHARE, METRIC_ABS, METRIC_REL,
                                 MIN_OUT_POINTS, Verdict, band, judge)
@@ -147,7 +147,7 @@ def _precisions(precision: Precision | str, device: Device | str | None) -> tupl
 def _fp32_modules(value: Any) -> tuple[str, ...]:
     if not value:
         return ()
-    from ampkit.regions import normalize_fp32_modules
+    from ampkit.engine.regions import normalize_fp32_modules
 
     specs = normalize_fp32_modules(value)
     bad = [s for s in specs if not isinstance(s, str)]
@@ -257,12 +257,12 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         task_factory: a task spec (``"digits"``, ``"FILE.py:factory"``, ``"module:factory"``) or a
             callable ``factory(seed=...) -> ampkit.Task``.
         precision: the AMP precision to judge (``"auto"``: the device's recommended low precision), or a
-            resolved :class:`~ampkit.policy.Precision` (then its device is used and ``device`` ignored).
+            resolved :class:`~ampkit.device.policy.Precision` (then its device is used and ``device`` ignored).
         seeds: how many seeds (0..N-1), or the seeds themselves. Two or more give a measured spread.
         steps: optimizer steps per run (default: the task's ``default_steps``).
         log_every: steps per point of the loss curves (default: about 40 points per curve).
         fp32_modules: modules the AMP runs keep in FP32 (names, globs, ``"preset:norm"``; see
-            :mod:`ampkit.regions`); the cost of each region is measured and reported in ``regions``.
+            :mod:`ampkit.engine.regions`); the cost of each region is measured and reported in ``regions``.
         explain: rank the modules by the error they add and, after a FAIL, try fixes (``explain``).
         explain_budget: seconds the explanation may take; default ``explain_factor`` (2) times the
             comparison's own time.
@@ -309,7 +309,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     higher = first_task.higher_is_better if metric_name != "training loss" else False
     verdict = judge(label=label, fp32={s: outcome(r) for s, r in runs["fp32"].items()},
                     amp={s: outcome(r) for s, r in runs["amp"].items()}, metric=metric_name,
-                    higher_is_better=higher, bf16_advice=bf16_advice(dev) if amp_prec.use_scaler else None)
+                    higher_is_better=higher, bf16_advice=bf16_advice(amp_prec) if amp_prec.use_scaler else None)
     throughput, memory, ratios, perf_notes = _perf(runs, dev, label)
     perf_notes += _eager_too(plan, runs, ratios, label, emit)
     notes = list(verdict.notes) + run_notes + perf_notes
@@ -378,7 +378,7 @@ def _check_regions(task: Task, regions: tuple[str, ...], prec: Precision) -> tup
     """The module names the specs match, or the one-line UsageError of a spec that matches nothing (before training)."""
     if not regions:
         return ()
-    from ampkit.regions import apply_fp32_regions
+    from ampkit.engine.regions import apply_fp32_regions
 
     handle = apply_fp32_regions(task.model, list(regions), device_type=prec.device.type)
     handle.remove()

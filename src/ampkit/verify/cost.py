@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Any
 
-from ampkit.policy import Precision
+from ampkit.device.policy import Precision
 from ampkit.tasks import Task
 
 __all__ = ["step_cost", "region_costs"]
@@ -21,8 +21,8 @@ __all__ = ["step_cost", "region_costs"]
 def step_cost(task: Task, precision: Precision, fp32_modules: tuple[str, ...] = (), *, steps: int = 4,
               warmup: int = 1) -> dict[str, Any]:
     """Seconds per forward + backward of ``task.batch(0)`` under ``precision``, and the peak memory (None on the CPU)."""
-    from ampkit.regions import apply_fp32_regions
-    from ampkit.trainer import batch_to
+    from ampkit.engine.regions import apply_fp32_regions
+    from ampkit.training.trainer import batch_to
 
     dev = precision.device
     model = task.model.to(dev.torch_device)
@@ -55,7 +55,7 @@ def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def region_costs(task: Task, precision: Precision, fp32_modules: tuple[str, ...], *, rounds: int = 3
                  ) -> dict[str, Any]:
     """``{"baseline", "with_regions", "per_region": [{spec, names, step_s_added, slowdown, memory_added_bytes}]}``."""
-    from ampkit.regions import apply_fp32_regions
+    from ampkit.engine.regions import apply_fp32_regions
 
     specs = tuple(fp32_modules)
     variants: dict[str, tuple[str, ...]] = {"none": (), "all": specs}

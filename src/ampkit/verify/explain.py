@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ampkit.policy import Precision, resolve_precision, supports
+from ampkit.device.policy import Precision, resolve_precision, supports
 from ampkit.verify.band import RunOutcome, Verdict, band, judge, seed_reasons
 from ampkit.verify.locate import module_errors
 from ampkit.verify.runs import Abort, Run, RunPlan, median, outcome
@@ -98,7 +98,7 @@ def _scale_at(run: Run, step: int, precision: Precision) -> float:
 
 
 def _rank_at(ctx: _Ctx, seed: int, step: int) -> list[dict[str, Any]]:
-    from ampkit.trainer import batch_to
+    from ampkit.training.trainer import batch_to
 
     plan = ctx.plan
     ctx.emit({"event": "explain_step", "what": f"ranking modules at step {step} (seed {seed})"})
@@ -110,7 +110,7 @@ def _rank_at(ctx: _Ctx, seed: int, step: int) -> list[dict[str, Any]]:
     batch = batch_to(task.batch(step), plan.amp.device)
     handle = None
     if ctx.regions:  # the AMP side as it ran: declared regions kept in FP32
-        from ampkit.regions import apply_fp32_regions
+        from ampkit.engine.regions import apply_fp32_regions
 
         handle = apply_fp32_regions(model, list(ctx.regions), device_type=plan.amp.device.type)
     try:

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ampkit.policy import Precision
+from ampkit.device.policy import Precision
 
 __all__ = ["module_errors", "ModuleError", "UNDERFLOW_SHARE"]
 
@@ -221,7 +221,7 @@ class _ChildrenInFP32:
     def __enter__(self) -> None:
         names = [n for n, _ in self.mod.named_children()]
         if names:
-            from ampkit.regions import apply_fp32_regions
+            from ampkit.engine.regions import apply_fp32_regions
 
             self.handle = apply_fp32_regions(self.mod, names, device_type=self.device_type)
 

@@ -2,7 +2,7 @@
 
 A :class:`RunPlan` is what every run of a comparison shares (task maker, seeds, steps, logging, the
 two precisions); :meth:`RunPlan.run` trains one seed through the public trainer
-(:func:`ampkit.trainer.train`) from the seed's recorded initial weights, optionally with FP32
+(:func:`ampkit.training.trainer.train`) from the seed's recorded initial weights, optionally with FP32
 regions, another learning rate or fewer steps. Nothing here judges or prints.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import torch
 
-from ampkit.policy import Precision
+from ampkit.device.policy import Precision
 from ampkit.tasks import Task
-from ampkit.trainer import TrainConfig, TrainResult, train
+from ampkit.training.trainer import TrainConfig, TrainResult, train
 from ampkit.verify.band import RunOutcome
 
 __all__ = ["RunPlan", "Run", "Abort", "median", "outcome"]

@@ -3,7 +3,7 @@
 ampkit writes no FP8 GEMM code: :func:`convert` swaps chosen ``nn.Linear`` layers for torchao's
 ``Float8Linear`` (``torchao.float8.convert_to_float8_training``) in place and reports which ones it
 converted and why it kept the others in BF16. Everything else runs under BF16 autocast
-(``--precision fp8`` resolves to BF16 autocast without a loss scaler, see :mod:`ampkit.policy`).
+(``--precision fp8`` resolves to BF16 autocast without a loss scaler, see :mod:`ampkit.device.policy`).
 
 >>> report = convert(model, recipe="tensorwise")          # doctest: +SKIP
 >>> report.summary()                                       # doctest: +SKIP
@@ -26,62 +26,23 @@ torchao is an optional extra (``pip install 'ampkit[fp8]'``), imported only when
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import importlib.util
-import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from torch import nn
 
 from ampkit.choices import FP8_RECIPES
+from ampkit.compat import INSTALL_HINT, require_torchao, torchao_missing
 from ampkit.errors import AmpkitError, UsageError
-from ampkit.regions import strip_wrapper_prefixes
+from ampkit.engine.regions import strip_wrapper_prefixes
 
 __all__ = ["RECIPES", "DEFAULT_RECIPE", "FP8Filter", "FP8Report", "plan", "convert", "torchao_missing",
            "require_torchao", "INSTALL_HINT"]
 
 RECIPES = FP8_RECIPES
 DEFAULT_RECIPE = RECIPES[0]
-INSTALL_HINT = "pip install 'ampkit[fp8]' (torchao)"
 HEAD_NAMES = ("head", "lm_head", "output", "classifier")
-
-
-def torchao_missing() -> str | None:
-    """None when torchao can be imported; else the one-line reason with the install command."""
-    if importlib.util.find_spec("torchao") is None:
-        return f"FP8 training needs torchao, which is not installed: {INSTALL_HINT}"
-    return None
-
-
-@contextlib.contextmanager
-def _quiet_torchao_import() -> Iterator[None]:
-    # torchao logs a warning for each optional C extension built for other GPUs that it cannot load
-    # (cutlass sm90a, mxfp8 ...); the float8 training path does not use them.
-    logger = logging.getLogger("torchao")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def require_torchao() -> Any:
-    """Import and return ``torchao.float8``; :class:`~ampkit.errors.AmpkitError` (one line) when missing."""
-    missing = torchao_missing()
-    if missing:
-        raise AmpkitError(missing)
-    try:
-        with _quiet_torchao_import():
-            import torchao.float8 as float8
-    except Exception as exc:  # noqa: BLE001 - a broken install (ABI mismatch with torch) is the finding
-        from ampkit.errors import first_line
-
-        raise AmpkitError(f"torchao is installed but cannot be imported ({first_line(exc, 160)}): install a "
-                          "torchao release built for this torch (see the torchao compatibility table)") from None
-    return float8
 
 
 def _recipe(recipe: str) -> str:

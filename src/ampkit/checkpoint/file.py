@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ampkit.checkpoint_content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
+from ampkit.checkpoint.content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
 from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError
 

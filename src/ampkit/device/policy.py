@@ -20,14 +20,14 @@ import torch
 
 from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported, UsageError
-from ampkit.hardware import Capabilities, capabilities
+from ampkit.device.hardware import Capabilities, capabilities
 
 __all__ = ["Precision", "resolve_precision", "PRECISION_CHOICES", "apply_tf32", "restore_tf32", "tf32_applied",
            "supports", "bf16_advice"]
 
 from ampkit.choices import PRECISION_CHOICES, precision_name  # noqa: E402  (PRECISION_CHOICES re-exported)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# fp8: BF16 autocast around torchao's FP8 linear layers (ampkit.fp8.convert); not a dtype of its own here.
+# fp8: BF16 autocast around torchao's FP8 linear layers (ampkit.engine.fp8.convert); not a dtype of its own here.
 _AUTOCAST_DTYPES = {**_DTYPES, "fp8": torch.bfloat16}
 
 
@@ -40,12 +40,15 @@ class Precision:
     ('fp32', torch.float32, False, False)
     """
 
-    name: str  # "fp32" | "bf16" | "fp16" | "fp8" (BF16 autocast + FP8 linear layers from ampkit.fp8.convert)
+    name: str  # "fp32" | "bf16" | "fp16" | "fp8" (BF16 autocast + FP8 linear layers from ampkit.engine.fp8.convert)
     dtype: torch.dtype  # autocast compute dtype (float32 for fp32: autocast disabled)
     use_scaler: bool  # true only for fp16
     tf32: bool  # TF32 for the FP32 matmuls that remain
     reason: str
     device: Device
+    # Whether this card has BF16, as decided with this precision (None: not asked, e.g. plain FP32): the
+    # FP16 overflow advice (:func:`bf16_advice`) reads it instead of deciding again.
+    bf16_supported: bool | None = None
 
     @property
     def autocast_enabled(self) -> bool:
@@ -155,7 +158,8 @@ def resolve_precision(
     if tf32 and not has_tf32:
         raise PrecisionUnsupported(f"{_card_label(caps)} has no TF32: drop --tf32")
     if name == "fp32":
-        return _make("fp32", device, tf32=bool(tf32), reason="FP32 requested: autocast and loss scaling disabled")
+        return _make("fp32", device, tf32=bool(tf32), reason="FP32 requested: autocast and loss scaling disabled",
+                     caps=caps)
     use_tf32 = has_tf32 if tf32 is None else tf32
     if name == "auto":
         label = _card_label(caps)
@@ -166,8 +170,9 @@ def resolve_precision(
                 # FP16 is reached only where BF16 is unsupported: the reason says why not.
                 why = ("same exponent range as FP32, no loss scaling" if cand == "bf16"
                        else f"BF16 {_why_not(caps, 'bf16')}; FP16 with a dynamic loss scaler")
-                return _make(cand, device, tf32=use_tf32, reason=f"auto: {label} supports {cand.upper()} ({src}): {why}")
-        return _make("fp32", device, tf32=use_tf32,
+                return _make(cand, device, tf32=use_tf32, reason=f"auto: {label} supports {cand.upper()} ({src}): {why}",
+                             caps=caps)
+        return _make("fp32", device, tf32=use_tf32, caps=caps,
                      reason=f"auto: {label} supports neither BF16 nor FP16 here: FP32")
     if name == "fp8":
         return _resolve_fp8(caps, device, tf32=use_tf32)
@@ -175,7 +180,8 @@ def resolve_precision(
     if not support.supported:
         raise PrecisionUnsupported(_refusal(caps, name))
     src = support.provenance + (f", {support.detail}" if support.detail else "")
-    return _make(name, device, tf32=use_tf32, reason=f"{name.upper()} requested; {_card_label(caps)} supports it ({src})")
+    return _make(name, device, tf32=use_tf32, caps=caps,
+                 reason=f"{name.upper()} requested; {_card_label(caps)} supports it ({src})")
 
 
 def _resolve_fp8(caps: Capabilities, device: Device, *, tf32: bool) -> Precision:
@@ -187,13 +193,13 @@ def _resolve_fp8(caps: Capabilities, device: Device, *, tf32: bool) -> Precision
         evidence = _evidence(caps.fp8 if not caps.fp8.supported else caps.dtypes["bf16"])
         raise PrecisionUnsupported(f"{_card_label(caps)} has no FP8 training (it supports {has}; {missing}: "
                                    f"{evidence}): use --precision {ok[0] if ok else 'fp32'}")
-    from ampkit.fp8 import torchao_missing
+    from ampkit.compat import torchao_missing
 
     missing = torchao_missing()
     if missing:
         raise PrecisionUnsupported(missing)
     src = caps.fp8.provenance + (f", {caps.fp8.detail}" if caps.fp8.detail else "")
-    return _make("fp8", device, tf32=tf32, reason=f"FP8 requested; {_card_label(caps)} supports it ({src}): "
+    return _make("fp8", device, tf32=tf32, caps=caps, reason=f"FP8 requested; {_card_label(caps)} supports it ({src}): "
                                                   "BF16 autocast with torchao FP8 linear layers, no loss scaling")
 
 
@@ -204,7 +210,7 @@ def _why_not(caps: Capabilities, name: str) -> str:
     return f"not supported ({s.provenance})"
 
 
-def _make(name: str, device: Device, *, tf32: bool, reason: str) -> Precision:
+def _make(name: str, device: Device, *, tf32: bool, reason: str, caps: Capabilities | None = None) -> Precision:
     return Precision(
         name=name,
         dtype=_AUTOCAST_DTYPES[name],
@@ -212,6 +218,7 @@ def _make(name: str, device: Device, *, tf32: bool, reason: str) -> Precision:
         tf32=tf32,
         reason=reason,
         device=device,
+        bf16_supported=None if caps is None else bool(caps.dtypes["bf16"].supported),
     )
 
 
@@ -260,9 +267,22 @@ def supports(name: "str | torch.dtype", device: Device | str | None = None, *, p
     return True
 
 
-def bf16_advice(device: Device | str | None = None) -> str:
+def bf16_advice(device: Precision | Device | str | None = None) -> str:
     """The one "what to do when FP16 keeps overflowing" advice: BF16 where the card has it, else a
-    lower learning rate. Used by the scale monitor, compare and diagnose."""
-    if supports("bf16", device):
+    lower learning rate. Used by the scale monitor, compare and diagnose.
+
+    Given the run's :class:`Precision`, it reads what that decision found (no second decision);
+    given a device, it decides whether BF16 would be accepted there.
+    """
+    if isinstance(device, Precision):
+        known = device.bf16_supported
+        if known is not None:
+            return _advice(known)
+        device = device.device
+    return _advice(supports("bf16", device))
+
+
+def _advice(has_bf16: bool) -> str:
+    if has_bf16:
         return "use --precision bf16 (this card has BF16: no loss scaling needed)"
     return "lower the learning rate"

@@ -1,10 +1,10 @@
-"""The device layer: the only module in ampkit that names a vendor.
+"""The device: the only code in ampkit (with the card table) that names a vendor.
 
 Everything else asks a :class:`Device` what it can do: its torch module, card name,
 capability, memory statistics, timing, seeding, grad scaler, TF32 switches, collective
 backend and debugging variables.
 
->>> dev = detect_device()          # musa > cuda > xpu > mps > cpu, or $AMPKIT_DEVICE
+>>> dev = ampkit.detect_device()   # musa > cuda > xpu > mps > cpu, or $AMPKIT_DEVICE
 >>> dev.type, dev.name              # doctest: +SKIP
 ('cuda', 'NVIDIA H200')
 """
@@ -16,15 +16,17 @@ import importlib
 import importlib.util
 import os
 import random
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampkit.errors import DeviceError
 
-__all__ = ["Device", "detect_device", "parse_device", "DEVICE_TYPES", "ENV_VAR"]
+if TYPE_CHECKING:
+    from ampkit.device.timer import Timer
+
+__all__ = ["Device", "DEVICE_TYPES", "ENV_VAR"]
 
 ENV_VAR = "AMPKIT_DEVICE"
 # Detection order: MUSA first, so that a machine with torch_musa never falls back to
@@ -201,6 +203,8 @@ class Device:
 
     def timer(self) -> "Timer":
         """A stopwatch that measures device time: events on accelerators, a clock on the CPU."""
+        from ampkit.device.timer import Timer
+
         return Timer(self)
 
     # ------------------------------------------------------------------ RNG
@@ -359,94 +363,6 @@ class Device:
         parts = [f"{self.launch_blocking_var}=1"] if self.launch_blocking_var else []
         parts.append("TORCH_SHOW_CPP_STACKTRACES=1")
         return " ".join(parts)
-
-
-class Timer:
-    """Measures elapsed device time between :meth:`start` and :meth:`stop` in seconds.
-
-    On accelerators this records events and reads them in :meth:`elapsed` (one sync);
-    on the CPU it uses ``time.perf_counter``.
-    """
-
-    def __init__(self, device: Device) -> None:
-        self.device = device
-        self._events = None
-        self._t0 = self._t1 = 0.0
-        module = device.module
-        if device.type in ("cuda", "musa", "xpu") and module is not None and hasattr(module, "Event"):
-            self._events = (module.Event(enable_timing=True), module.Event(enable_timing=True))
-
-    def start(self) -> "Timer":
-        if self._events:
-            self._events[0].record()
-        else:
-            self.device.synchronize()
-            self._t0 = time.perf_counter()
-        return self
-
-    def stop(self) -> "Timer":
-        if self._events:
-            self._events[1].record()
-        else:
-            self.device.synchronize()
-            self._t1 = time.perf_counter()
-        return self
-
-    def elapsed(self) -> float:
-        if self._events:
-            self._events[1].synchronize()
-            return self._events[0].elapsed_time(self._events[1]) / 1000.0
-        return self._t1 - self._t0
-
-
-def parse_device(spec: str) -> Device:
-    """Parse ``"cuda"``, ``"cuda:1"``, ``"musa"``, ``"cpu"`` ... into a :class:`Device` (no availability check)."""
-    text = spec.strip().lower()
-    dev_type, _, idx = text.partition(":")
-    if dev_type not in DEVICE_TYPES:
-        raise DeviceError(f"unknown device {spec!r}: use one of {', '.join(DEVICE_TYPES)} (optionally with :INDEX)")
-    if idx:
-        if not idx.isdigit():
-            raise DeviceError(f"bad device index in {spec!r}: use e.g. {dev_type}:0")
-        index: int | None = int(idx)
-    else:
-        index = None if dev_type == "cpu" else 0
-    if dev_type == "cpu":
-        index = None
-    return Device(dev_type, index)
-
-
-def detect_device(spec: str | None = None) -> Device:
-    """The device to run on.
-
-    ``spec`` (e.g. from ``--device``) wins, then ``$AMPKIT_DEVICE``, then the first available of
-    musa, cuda, xpu, mps, cpu. An explicit device that is not available is an error, not a
-    silent fall back to the CPU.
-
-    >>> ampkit.detect_device("cpu")
-    Device(type='cpu', index=None)
-    >>> ampkit.detect_device("cuda:7")        # doctest: +SKIP
-    Traceback (most recent call last):
-    ampkit.errors.DeviceError: ...
-    """
-    spec = spec or os.environ.get(ENV_VAR) or None
-    if spec:
-        dev = parse_device(spec)
-        if not _available(dev.type):
-            source = "--device" if spec != os.environ.get(ENV_VAR) else f"${ENV_VAR}"
-            raise DeviceError(f"device {spec!r} ({source}) is not available on this machine: "
-                              f"run `ampkit doctor` to see what is, or pass --device cpu")
-        if dev.index is not None and dev.type in ("musa", "cuda", "xpu"):
-            count = dev.module.device_count()
-            if dev.index >= count:
-                raise DeviceError(f"device {spec!r} does not exist: this machine has {count} {dev.type} device(s)")
-        return dev
-    for dev_type in DEVICE_TYPES:
-        if _available(dev_type):
-            if dev_type in ("musa", "cuda", "xpu"):
-                return Device(dev_type, int(_module_for(dev_type).current_device()))
-            return Device(dev_type, None if dev_type == "cpu" else 0)
-    return Device("cpu")
 
 
 def _cpu_name() -> str:

@@ -37,7 +37,7 @@ import torch
 
 from ampkit import compat
 from ampkit.errors import UsageError
-from ampkit.step import is_fused
+from ampkit.engine.step import is_fused
 
 __all__ = ["Schedules", "DeviceSchedule", "check_scheduler", "CHUNK"]
 

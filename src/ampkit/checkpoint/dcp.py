@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ampkit.checkpoint import (FORMAT, CheckpointManager, atomic_write_bytes, fsync_dir, load_checkpoint, load_parts,
+from ampkit.checkpoint.file import (FORMAT, CheckpointManager, atomic_write_bytes, fsync_dir, load_checkpoint, load_parts,
                                restore, restore_engine, rng_state)
 from ampkit.device import Device
 from ampkit.distributed.group import DistContext, active

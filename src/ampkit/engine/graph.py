@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ampkit.errors import DeviceError, UsageError, first_line
-from ampkit.step import is_fused, params_of
+from ampkit.engine.step import is_fused, params_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampkit.engine import MixedPrecision

@@ -29,7 +29,7 @@ class ScaleMonitor:
         self.window = window
         self.max_backoffs = max_backoffs
         self.floor = floor
-        self.advice = advice  # the first fix to try: ampkit.policy.bf16_advice(device)
+        self.advice = advice  # the first fix to try: ampkit.device.policy.bf16_advice(device)
         self._events: deque[tuple[int, int]] = deque()
         self._last_skipped = 0
         self.warning: ScaleWarning | None = None

@@ -1,6 +1,6 @@
 """The engine's settings as one frozen, keyword-only value with named presets.
 
->>> from ampkit.config import AmpConfig
+>>> from ampkit.engine.config import AmpConfig
 >>> cfg = AmpConfig.preset("fp16-safe")
 >>> cfg.init_scale, cfg.max_grad_norm
 (1024.0, 1.0)
@@ -49,9 +49,9 @@ def _is_real(value: Any) -> bool:
 
 
 def _fp32_modules(value: Any) -> tuple[Any, ...]:
-    """The fp32_modules value as a flat tuple of specs, checked by :func:`ampkit.regions.normalize_fp32_modules`
+    """The fp32_modules value as a flat tuple of specs, checked by :func:`ampkit.engine.regions.normalize_fp32_modules`
     (imported here, lazily: it needs torch)."""
-    from ampkit.regions import normalize_fp32_modules
+    from ampkit.engine.regions import normalize_fp32_modules
 
     return normalize_fp32_modules(value)
 
@@ -74,7 +74,7 @@ class AmpConfig:
             optimizer steps (None: ``DEFAULT_SKIP_CHECK_EVERY``, 100) so the limit halts a loop that never
             calls ``stats()``; ``stats()`` checks it too.
         fp32_modules: modules that run in FP32 with autocast off: qualified names, glob patterns
-            (``"*.norm"``), presets (``"preset:norm"``) or module types; see :mod:`ampkit.regions`.
+            (``"*.norm"``), presets (``"preset:norm"``) or module types; see :mod:`ampkit.engine.regions`.
 
     >>> cfg = ampkit.AmpConfig.preset("fp16-safe", max_grad_norm=0.5)
     >>> cfg.init_scale, cfg.max_grad_norm, cfg.fp32_modules

@@ -8,8 +8,8 @@ from typing import Any
 from ampkit import __version__
 from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported
-from ampkit.hardware import Capabilities, capabilities
-from ampkit.policy import resolve_precision
+from ampkit.device.hardware import Capabilities, capabilities
+from ampkit.device.policy import resolve_precision
 
 __all__ = ["doctor_report", "SCHEMA_VERSION"]
 

@@ -17,7 +17,8 @@ from typing import Literal
 
 import torch
 
-from ampkit.device import Device
+from ampkit import compat
+from ampkit.device.layer import Device
 from ampkit.errors import first_line
 
 __all__ = [
@@ -210,15 +211,13 @@ def probe_fp8(device: Device, *, rtol: float = 0.1) -> ProbeResult:
 
     ``errored=True`` when it cannot run (torchao missing, no FP8 kernel on this device).
     """
-    from ampkit import fp8 as fp8_mod
-
-    missing = fp8_mod.torchao_missing()
+    missing = compat.torchao_missing()
     if missing:
         return ProbeResult(False, f"error: not run: {missing}", errored=True)
     try:
         import copy
 
-        float8 = fp8_mod.require_torchao()
+        float8 = compat.require_torchao()
         dev = device.torch_device
         gen = torch.Generator().manual_seed(0)
         x_cpu = torch.randn(64, 64, generator=gen)

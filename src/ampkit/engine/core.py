@@ -21,7 +21,7 @@ Why it is built this way:
 * Accumulation counts backward -> step cycles per optimizer, so a GAN's two optimizers, each with its
   own backward, each step every ``accumulation_steps`` cycles.
 * LR schedulers passed as ``scheduler=`` do not advance on skipped steps; with fused optimizers
-  that holds without a host read (:mod:`ampkit.schedule`).
+  that holds without a host read (:mod:`ampkit.engine.schedule`).
 * Counters live on the device and are read in one transfer by :meth:`MixedPrecision.stats`; the
   consecutive-skip limit is checked with one host read every ``skip_check_every`` steps.
 * The whole eager step (micro-batches, ``no_sync``, backward, step) exists once, as
@@ -38,15 +38,16 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ampkit import compat, step as _step
-from ampkit.config import AmpConfig
-from ampkit.counters import DeviceCounters, check_skip_limit
+from ampkit import compat
+from ampkit.engine import state as _state, step as _step
+from ampkit.engine.config import AmpConfig
+from ampkit.engine.counters import DeviceCounters, check_skip_limit
 from ampkit.device import Device, detect_device
 from ampkit.errors import AmpkitError, UsageError
-from ampkit.policy import Precision, apply_tf32, resolve_precision, restore_tf32
-from ampkit.schedule import Schedules
-from ampkit.step import is_fused
-from ampkit.windows import Windows, sync_context
+from ampkit.device.policy import Precision, apply_tf32, resolve_precision, restore_tf32
+from ampkit.engine.schedule import Schedules
+from ampkit.engine.step import is_fused
+from ampkit.engine.windows import Windows, sync_context
 
 __all__ = ["MixedPrecision", "is_fused"]
 
@@ -65,9 +66,9 @@ class MixedPrecision:
     """Autocast, loss scaling, clipping, non-finite skips, accumulation and schedulers in one object.
 
     Args:
-        precision: a :class:`~ampkit.policy.Precision`, a name (``"auto" | "bf16" | "fp16" | "fp32"``, any
+        precision: a :class:`~ampkit.device.policy.Precision`, a name (``"auto" | "bf16" | "fp16" | "fp32"``, any
             case), a ``torch.dtype``, or None for ``"auto"``.
-        config: an :class:`~ampkit.config.AmpConfig` (or a preset name); keyword overrides apply on top:
+        config: an :class:`~ampkit.engine.config.AmpConfig` (or a preset name); keyword overrides apply on top:
             ``max_grad_norm``, ``accumulation_steps``, ``init_scale``, ``growth_factor``, ``backoff_factor``,
             ``growth_interval``, ``min_scale``, ``max_consecutive_skips``, ``skip_check_every``,
             ``fp32_modules`` (see AmpConfig for what each means and accepts).
@@ -263,7 +264,7 @@ class MixedPrecision:
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        """Around the recording of a step into a device graph (:mod:`ampkit.graph`): the periodic host
+        """Around the recording of a step into a device graph (:mod:`ampkit.engine.graph`): the periodic host
         check is deferred (a host read cannot be captured), and if the block raises, the host-side
         counters and the scaler's per-optimizer records go back to what they were."""
         saved = (self.steps, self._micro, self._update_pending, self._windows.snapshot())
@@ -329,10 +330,10 @@ class MixedPrecision:
     def graph_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, example_batch: Any,
                    *, warmup: int = 3, parameters: Iterable[torch.Tensor] | None = None) -> Any:
         """The whole step as one callable ``step(batch) -> loss``, captured as a device graph when the
-        engine was made with ``graph=True`` (see :mod:`ampkit.graph`); where capture is impossible every
+        engine was made with ``graph=True`` (see :mod:`ampkit.engine.graph`); where capture is impossible every
         call is an eager step and ``graph_fallback_reason`` says why.
         """
-        from ampkit.graph import GraphedStep  # graph imports the engine's public API only
+        from ampkit.engine.graph import GraphedStep  # graph imports the engine's public API only
 
         return GraphedStep(self, model, optimizer, loss_fn, example_batch, warmup=warmup,
                            parameters=list(parameters) if parameters is not None else None)
@@ -352,7 +353,7 @@ class MixedPrecision:
         """Install the ``fp32_modules`` regions on ``model`` (forward hooks: autocast off and FP32 inputs in
         the matched modules; the model's ``forward`` is not touched). Returns the regions (``.names``:
         the modules matched), or None when ``fp32_modules`` is empty. :meth:`detach` removes them."""
-        from ampkit.regions import apply_fp32_regions
+        from ampkit.engine.regions import apply_fp32_regions
 
         self.detach()
         if self.config.fp32_specs:
@@ -399,48 +400,11 @@ class MixedPrecision:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: precision, scaler state, counters (loads with weights_only).
         Applies a pending scale update and syncs device-driven schedulers first (save theirs after this)."""
-        self.update()
-        self.sync_schedulers()
-        return {
-            "precision": self.precision.name,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "steps": self.steps,
-            "micro": self._micro,
-            "window": self.accumulation_pending,
-            # [skipped, consecutive, max_consecutive] as int64, the format since ampkit 0.1
-            "counters": None if self._counters is None else self._counters.to_saved(),
-            "config": self.config.to_dict(),
-            # the modules kept in FP32 (as matched by attach(); the specs when not attached)
-            "fp32_modules": self.config.to_dict()["fp32_modules"],  # the specs; attach() matched `names`
-        }
+        return _state.engine_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> list[str]:
         """Restore from :meth:`state_dict`. Returns notes (e.g. scaler state dropped on a precision change)."""
-        notes: list[str] = []
-        saved = state.get("precision")
-        self.steps = int(state.get("steps", 0))
-        self._micro = int(state.get("micro", self.steps * self.accumulation_steps))
-        self._windows.reset(int(state.get("window", self._micro % self.accumulation_steps)))
-        self._schedules.clear()
-        self._update_pending = False
-        counters = state.get("counters")
-        if counters is not None:
-            self._counters = DeviceCounters(self.device.torch_device, self.scaler)
-            self._counters.load_saved(counters)
-        scaler_state = state.get("scaler")
-        if self.scaler is not None:
-            if scaler_state:
-                self.scaler.load_state_dict(scaler_state)
-            else:
-                notes.append(f"checkpoint was {saved} without a loss scaler: starting a fresh FP16 scaler "
-                             f"(scale {self.config.init_scale:g})")
-        elif scaler_state:
-            notes.append(f"checkpoint was {saved} with a loss scaler; {self.precision.name} needs none: "
-                         "scaler state dropped")
-        saved_fp32, now_fp32 = state.get("fp32_modules"), self.config.to_dict()["fp32_modules"]
-        if saved_fp32 is not None and list(saved_fp32) != now_fp32:
-            notes.append(f"checkpoint kept {list(saved_fp32) or 'no modules'} in FP32, this engine keeps "
-                         f"{now_fp32 or 'none'}: pass the same fp32_modules (and amp.attach(model)) to resume alike")
+        notes = _state.load_engine_state(self, state)
         for note in notes:
             warnings.warn(note, stacklevel=2)
         return notes

@@ -1,0 +1,136 @@
+"""The trainer: ``train(TrainConfig(...))`` runs setup, resume, the loop and evaluation, and returns
+what happened. The parts live beside it in :mod:`ampkit.training` (config, setup, resume, loop, metrics, stop,
+callbacks).
+
+>>> from ampkit.training import TrainConfig, train
+>>> result = train(TrainConfig(task="digits", precision="bf16", steps=200, out="runs/digits"))  # doctest: +SKIP
+>>> result.metrics["accuracy"]                                                                     # doctest: +SKIP
+0.97
+
+Nothing here prints: progress goes to the ``progress`` callback (the CLI draws a bar with it).
+
+Under torchrun (``ampkit train --nproc N``, or ``torchrun -m ampkit train``) the same loop runs on every
+rank with ``strategy="ddp" | "fsdp"``: see :mod:`ampkit.distributed`. Only rank 0 reports and writes.
+SIGINT, SIGTERM and ``stop_signal`` stop every rank after the same step with one checkpoint
+(:mod:`ampkit.training.stop`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from ampkit import distributed as dist_mod
+from ampkit.device import detect_device
+from ampkit.device.policy import Precision, bf16_advice
+from ampkit.engine.monitor import ScaleMonitor
+from ampkit.tasks import Task
+from ampkit.training.callbacks import Callback, TrainState
+from ampkit.training.config import TrainConfig
+from ampkit.training.loop import batch_to, evaluate, train_loop
+from ampkit.training.metrics import MetricsSink
+from ampkit.training.resume import resume
+from ampkit.training.setup import Run, build_run, make_optimizer
+from ampkit.training.stop import StopRequest
+
+__all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "batch_to", "Callback", "TrainState"]
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class TrainResult:
+    """What a run did. ``history`` holds every logged metrics record."""
+
+    task: str
+    precision: str
+    precision_reason: str
+    device: str
+    steps: int
+    start_step: int
+    skipped: int
+    final_loss: float | None
+    metrics: dict[str, float]
+    history: list[dict[str, Any]]
+    samples_per_s: float | None
+    peak_mem_bytes: int | None
+    wall_s: float
+    out: str | None
+    resumed_from: str | None = None
+    interrupted_by: str | None = None
+    notes: list[str] = field(default_factory=list)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    step_graph: bool = False  # the step ran as one replayed device graph (TrainConfig.graph)
+    step_graph_fallback: str | None = None  # why it did not (None when it did)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def train(config: TrainConfig, *, task: Task | None = None, precision: Precision | None = None,
+          progress: Progress | None = None) -> TrainResult:
+    """Train ``config.task`` (or ``task``) and return what happened. See :class:`TrainConfig`.
+
+    >>> result = ampkit.train(ampkit.TrainConfig(task="digits", precision="fp32", steps=4, log_every=2))
+    >>> result.steps, len(result.history), result.skipped
+    (4, 2, 0)
+    """
+    config.validate()
+    device = precision.device if precision is not None else detect_device(config.device)
+    # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).
+    ctx = dist_mod.init_from_env(device) if dist_mod.launched() else None
+    run = None
+    try:
+        run = build_run(config, ctx, device, task=task, precision=precision)
+        return _train(run, progress)
+    finally:
+        if run is not None and run.regions is not None:
+            run.regions.remove()  # the task's model leaves as it came
+        if run is not None:
+            run.amp.close()  # the TF32 switches as they were before the run
+        if ctx is not None:
+            ctx.close()
+
+
+def _train(run: Run, progress: Progress | None) -> TrainResult:
+    start, resumed_from = resume(run)
+    prec, task = run.precision, run.task
+    monitor = ScaleMonitor(floor=run.amp.min_scale, advice=bf16_advice(prec)) if prec.use_scaler else None
+    sink = MetricsSink(run.out, write=run.main, resumed_at=start, tensorboard=run.config.tensorboard,
+                       monitor=monitor, progress=progress if run.main else None)
+    stop = StopRequest(run.config.stop_signals(), ctx=run.ctx, check_every=run.config.stop_check_every,
+                       device=run.device.torch_device)
+    sink.emit({"event": "start", "total": run.total, "start": start, "precision": prec.name,
+               "reason": prec.reason, "device": str(run.device), "task": task.name, "notes": list(run.notes)})
+    run.device.reset_peak_memory_stats()
+    try:
+        done = train_loop(run, start, sink, stop)
+    finally:
+        sink.close()
+    if done.interrupted_by and run.ctx is not None:
+        # torchrun ends the other ranks as soon as one exits with the stop code: let every rank finish first.
+        run.ctx.barrier()
+    metrics = evaluate(run) if run.config.evaluate and not done.interrupted_by else {}
+    final_stats = run.amp.stats() if run.amp.steps else {"skipped": 0}
+    return TrainResult(
+        task=task.name,
+        precision=prec.name,
+        precision_reason=prec.reason,
+        device=str(run.device),
+        steps=done.step,
+        start_step=start,
+        skipped=int(final_stats["skipped"]),
+        final_loss=sink.history[-1]["loss"] if sink.history else None,
+        metrics=metrics,
+        history=sink.history,
+        samples_per_s=sink.mean_samples_per_s(),
+        peak_mem_bytes=run.device.max_memory_allocated(),
+        wall_s=done.wall_s,
+        out=str(run.out) if run.out else None,
+        resumed_from=resumed_from,
+        interrupted_by=done.interrupted_by,
+        notes=run.notes,
+        warnings=sink.warnings,
+        step_graph=done.graph_captured,
+        step_graph_fallback=None if done.graph_captured else (done.graph_fallback or run.graph_blocker),
+    )
