@@ -27,7 +27,14 @@ declare -A WHAT=(
   [compare-digits]="ampkit compare (the main job: digits, sized for the device), BF16"
   [compare-digits-fp16]="ampkit compare --precision fp16"
   [compare-charlm]="ampkit compare on charlm d256, BF16"
-  [compare-fp8]="ampkit compare on charlm d256, FP8 (torchao), 2 seeds of 200 steps"
+  [compare-fp8]="ampkit compare on charlm d256, FP8 (torchao), 2 seeds of 200 steps (refused in one line where the plan finds no layer that pays: fp8-plan-compare runs a model big enough)"
+  [fp8-plan-probe]="benchmarks/fp8_plan_h200.py probe: the FP8 cost model per recipe and mode (issue 33)"
+  [fp8-plan-gpt2]="benchmarks/fp8_plan_h200.py gpt2: bench gpt2-small BF16 vs FP8 with the plan, eager+compiled"
+  [fp8-plan-gpt2-eligible]="benchmarks/fp8_plan_h200.py gpt2-eligible: FP8 on every eligible layer, compiled"
+  [fp8-plan-llama-eager]="benchmarks/fp8_plan_h200.py llama-eager: llama-1b BF16 vs FP8, eager"
+  [fp8-plan-llama-compiled]="benchmarks/fp8_plan_h200.py llama-compiled: llama-1b BF16 vs FP8, compiled"
+  [fp8-plan-llama-rowwise]="benchmarks/fp8_plan_h200.py llama-rowwise: llama-1b rowwise recipes, compiled"
+  [fp8-plan-compare]="benchmarks/fp8_plan_h200.py compare: compare --precision fp8 on charlm d2048"
   [bench-gpt2]="ampkit bench gpt2-small BF16+FP16, eager and compiled, plain/ampkit/graph, 3 rounds"
   [bench-gpt2-peers]="ampkit bench gpt2-small BF16+FP16 compiled with every peer (Accelerate, Fabric)"
   [bench-gpt2-fp32]="ampkit bench gpt2-small FP32 and TF32, eager"
@@ -86,6 +93,7 @@ run() {
         --warmup 20 ;;
     bench-digits-graph) bench bench-digits-graph 120 --model digits --precision fp16 bf16 --graph \
         --runners plain,ampkit,ampkit-graph,lesson --steps 100 --warmup 10 ;;
+    fp8-plan-*) step "$1" 600 env OUT="$OUT" TAG="$TAG" $PY benchmarks/fp8_plan_h200.py "${1#fp8-plan-}" ;;
     digits-sizes) step digits-sizes 300 env OUT="$OUT" $PY benchmarks/digits_sizes.py ;;
     explain) step explain 400 env OUT="$OUT" EXPLAIN_ARGS="--seeds 2" $PY benchmarks/explain_h200.py ;;
     distributed) step distributed 400 env OUT="$OUT" bash benchmarks/run_h200_distributed.sh ;;

@@ -49,6 +49,8 @@ def kind_of(data: dict) -> str:
         return "rounds"  # a script under benchmarks/ that measures configurations in rounds (e.g. fp8_h200.py)
     if data.get("kind") == "digits-sizes" and isinstance(data.get("configs"), dict):
         return "sizes"  # benchmarks/digits_sizes.py: the main job at several model sizes
+    if data.get("kind") == "verdict-calibration" and isinstance(data.get("tasks"), dict):
+        return "calibration"  # benchmarks/verdict_calibration.py: how often the compare verdict is wrong
     raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json, "
                       "the distributed summary or benchmarks/digits_sizes.py's)")
 
@@ -387,6 +389,25 @@ def distributed_section(files: list[dict]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- page
+def calibration_section(files: list[dict]) -> list[str]:
+    """benchmarks/verdict_calibration.py: pass / fail / inconclusive of compare's verdict on real runs, planted harms."""
+    sources = Sources()
+    lines = ["## How often the compare verdict is wrong (`benchmarks/verdict_calibration.py`)", "",
+             "Real FP32 and BF16 runs of a pool of seeds, harms planted in the AMP runs only; every subset of n seeds "
+             "judged as `ampkit compare` judges it: pass / fail / inconclusive over the subsets (CPU: the verdict, "
+             "not the speed, is the measurement).", "",
+             "| task | harm in the AMP runs | n seeds: pass / fail / inconclusive | source |", "|---|---|---|---|"]
+    for data in sorted(files, key=lambda d: _date(d)):
+        ref = sources.ref(data)
+        for task, t in data["tasks"].items():
+            for harm, h in t["harms"].items():
+                cells = "; ".join(f"{n}: {r['pass']} / {r['fail']} / {r['inconclusive']}" for n, r in h["rates"].items())
+                lines.append(f"| {task} ({t['steps']} steps) | {harm} | {cells} | {ref} |")
+    lines += [""] + sources.render(lambda d: "`python benchmarks/verdict_calibration.py --charlm` "
+                                             f"(pool of {len(next(iter(d['tasks'].values()))['pool'])} seeds)")
+    return lines
+
+
 def render(results: list[dict] | None = None) -> str:
     results = load_results() if results is None else results
     by_kind: dict[str, list[dict]] = {}
@@ -425,6 +446,8 @@ def render(results: list[dict] | None = None) -> str:
         out += compare_section(by_kind["compare"]) + [""]
     if by_kind.get("sizes"):
         out += sizes_section(by_kind["sizes"]) + [""]
+    if by_kind.get("calibration"):
+        out += calibration_section(by_kind["calibration"]) + [""]
     if by_kind.get("distributed"):
         out += distributed_section(by_kind["distributed"]) + [""]
     if by_kind.get("doctor"):

@@ -77,7 +77,7 @@ def test_crash_during_write_keeps_previous(tmp_path, monkeypatch):
         mgr.save(step=2, model=model, optimizer=opt)
     monkeypatch.setattr(torch, "save", real_save)
     assert [s for s, _ in mgr.list()] == [1]
-    assert sorted(os.listdir(tmp_path)) == ["step-00000001.pt"]  # no temp file left behind
+    assert sorted(os.listdir(tmp_path)) == ["last-good.json", "step-00000001.pt"]  # no temp file left behind
     assert mgr.latest().state["step"] == 1
 
 

@@ -10,7 +10,10 @@ def precision_name(value: str) -> str:
     """``"BF16"``, ``" bfloat16 "`` -> ``"bf16"``; an unknown name is returned lower-cased, for the caller to refuse."""
     name = str(value).strip().lower()
     return PRECISION_ALIASES.get(name, name)
-FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's scaling recipes; the first is the default
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearRecipeName; first: default
+# Which layers --precision fp8 converts: those the cost model predicts faster ("paying"), or every one the shape
+# filter allows ("eligible": for FP8's numerics or memory, speed not checked).
+FP8_LAYERS = ("paying", "eligible")
 BENCH_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
 BENCH_PEERS = ("accelerate", "fabric")
 BENCH_RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", *BENCH_PEERS)

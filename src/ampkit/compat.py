@@ -149,6 +149,20 @@ def fsdp2() -> tuple[Any, Any]:
     return fully_shard, MixedPrecisionPolicy
 
 
+# ---------------------------------------------------------------------- torch.compile
+@contextlib.contextmanager
+def recompile_limit(at_least: int) -> Iterator[None]:
+    """Let Dynamo compile one function for at least ``at_least`` guards (shapes, module instances) inside the
+    block: past the limit it silently runs the frame eagerly. The setting is ``recompile_limit`` from torch
+    2.7 on, ``cache_size_limit`` before."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    with cfg.patch(**{name: max(int(getattr(cfg, name)), at_least)}):
+        yield
+
+
 # Optional dependencies, imported only when a feature needs them.
 INSTALL_HINT = "pip install 'ampkit[fp8]' (torchao)"
 

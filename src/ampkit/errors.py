@@ -95,4 +95,13 @@ class TrainingHalted(AmpkitError, RuntimeError):
     ...     stats = amp.stats()
     ... except ampkit.TrainingHalted as exc:
     ...     print(exc)        # 50 optimizer steps in a row had non-finite gradients ... ampkit diagnose SCRIPT
+
+    ``step``: the optimizer steps done when it stopped; ``first_bad_step``: the first skipped step of the
+    streak, where the read that halted also saw the streak's length (else None). ``ampkit train`` adds the
+    last good checkpoint and ``ampkit diagnose --replay DIR`` to the message.
     """
+
+    def __init__(self, message: str = "", *, step: int | None = None, first_bad_step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.first_bad_step = first_bad_step

@@ -59,7 +59,11 @@ def test_bench_fp8_rows_beside_bf16(monkeypatch):
     assert rows[("fp8", "plain")]["loss_last"] != rows[("bf16", "plain")]["loss_last"]
     assert rows[("fp8", "plain")]["loss_last"] == pytest.approx(rows[("fp8", "ampkit")]["loss_last"], rel=1e-3)
     assert r["settings"]["fp8_recipe"] == "tensorwise"
-    assert any(n.startswith("fp8 rows: FP8 tensorwise:") for n in r["notes"]), r["notes"]
+    bar = next(b for b in r["bars"] if b["name"] == "fp8 (plan) vs BF16 eager")  # ampkit's rows, BF16 over FP8
+    assert bar["bar"] == ">= 1.0x" and bar["pass"] == (bar["value"] >= 1.0)
+    ms = {prec: rows[(prec, "ampkit")]["ms_per_step"] for prec in ("bf16", "fp8")}
+    assert bar["value"] == pytest.approx(ms["bf16"] / ms["fp8"])
+    assert any(n.startswith("fp8 eager rows: FP8 tensorwise:") for n in r["notes"]), r["notes"]
 
 
 def test_explicit_peers_are_left_out_of_fp8_rows(monkeypatch):
@@ -70,5 +74,5 @@ def test_explicit_peers_are_left_out_of_fp8_rows(monkeypatch):
 
 
 def test_bad_recipe_is_one_line():
-    with pytest.raises(UsageError, match="--fp8-recipe must be tensorwise or rowwise"):
+    with pytest.raises(UsageError, match="--fp8-recipe must be one of tensorwise, rowwise, rowwise_with_gw_hp"):
         BenchConfig(fp8_recipe="delayed").validate()

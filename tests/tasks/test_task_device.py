@@ -33,6 +33,6 @@ def test_each_command_passes_its_device_to_the_task(argv, tmp_path, capsys):
     flag = "--model" if argv[0] == "bench" else "--task"
     extra = ["--out", str(tmp_path / ("out.json" if argv[0] == "bench" else "out"))] if argv[0] != "audit" else []
     rc = main([*argv, flag, f"{factory}:make_task", "--task-arg", f"record={record}", "--device", "cpu", *extra])
-    assert rc == 0, capsys.readouterr()
+    assert rc == (3 if argv[0] == "compare" else 0), capsys.readouterr()  # one seed: inconclusive, never a pass
     seen = set(record.read_text().split())
     assert seen == {"cpu"}, seen

@@ -14,11 +14,12 @@ HARMFUL = str(HERE / "harmful_task.py") + ":make_task"
 
 @pytest.fixture(scope="session")
 def toy_compare(tmp_path_factory):
-    """The toy task in BF16, 2 seeds x 40 steps, with its report written."""
+    """The toy task in BF16, 3 seeds x 40 steps, with its report written. (Two seeds with the same accuracy on the
+    toy's 128 test examples cannot show a harm below 1 %: the paired verdict says inconclusive, rightly.)"""
     from ampkit.verify.compare import compare
 
     out = tmp_path_factory.mktemp("toy_compare")
-    return compare(TOY, precision="bf16", seeds=2, steps=40, out=out)
+    return compare(TOY, precision="bf16", seeds=3, steps=40, out=out)
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,7 @@ def digits_compare(tmp_path_factory):
 
     os.environ.pop("AMPKIT_DEVICE", None)
     out = tmp_path_factory.mktemp("digits_compare")
-    return compare("digits", precision="bf16", seeds=2, steps=200, device="cpu", out=out)
+    return compare("digits", precision="bf16", seeds=3, steps=200, device="cpu", out=out)
 
 
 OVERFLOW_NORM = str(HERE / "overflow_norm_task.py") + ":make_task"

@@ -14,11 +14,12 @@ from conftest import HARMFUL, TOY
 
 def test_compare_pass_exit_0_writes_files(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = main(["compare", "--task", TOY, "--precision", "bf16", "--seeds", "2", "--steps", "20", "--out", str(out),
+    code = main(["compare", "--task", TOY, "--precision", "bf16", "--seeds", "3", "--steps", "20", "--out", str(out),
                  "--no-audit"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "PASS" in printed and "samples/s" in printed and "report:" in printed
+    assert "tolerance" in printed and "resolution" in printed and "late" in printed  # the effects table
     data = json.loads((out / "compare.json").read_text())
     assert data["verdict"] == "pass" and data["audit"] is None
     assert (out / "report.html").exists() and (out / "loss.png").exists() and (out / "throughput.png").exists()
@@ -33,7 +34,18 @@ def test_compare_fail_exit_1_json(tmp_path, capsys):
     assert data["scale_trace"]["0"]
 
 
+def test_compare_inconclusive_exit_3(tmp_path, capsys):
+    """One seed measures no paired spread: neither pass nor fail, and the exit status says so."""
+    code = main(["compare", "--task", TOY, "--precision", "bf16", "--seeds", "1", "--steps", "12", "--out",
+                 str(tmp_path), "--no-audit", "--json"])
+    assert code == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "inconclusive" and "one seed measures no spread" in data["reasons"][0]
+    assert 'data-verdict="inconclusive"' in (tmp_path / "report.html").read_text()
+
+
 @pytest.mark.parametrize("argv, needle", [
+    (["compare", "--tolerance", "0"], "--tolerance must be a positive fraction"),
     (["compare", "--seeds", "0"], "--seeds must be >= 1"),
     (["compare", "--steps", "-3"], "--steps must be >= 1"),
     (["compare", "--precision", "fp32", "--steps", "1", "--seeds", "1"], "nothing to compare"),

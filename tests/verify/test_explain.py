@@ -63,11 +63,19 @@ def test_rerun_with_the_recommended_flag_passes(overflow_explain, tmp_path, caps
 
 
 def test_clean_task_gets_no_recommendation():
-    r = ampkit.compare(TOY, precision="bf16", seeds=2, steps=12, log_every=3, run_audit=False, explain=True)
+    r = ampkit.compare(TOY, precision="bf16", seeds=3, steps=12, log_every=3, run_audit=False, explain=True)
     assert r.verdict == "pass"
     e = r.explain
     assert e["trigger"] == "requested" and e["candidates"] == [] and e["recommendation"] is None
     assert e["steps_ranked"] == [0] and {m["module"] for m in e["ranking"]} >= {"0", "3"}
+
+
+def test_inconclusive_searches_no_fix():
+    r = ampkit.compare(TOY, precision="bf16", seeds=1, steps=12, log_every=3, run_audit=False, explain=True)
+    assert r.verdict == "inconclusive"
+    e = r.explain
+    assert e["trigger"] == "requested" and e["candidates"] == [] and e["recommendation"] is None
+    assert any(line.startswith("inconclusive: no fix is searched") for line in e["summary"])
 
 
 def test_a_small_budget_is_kept_and_what_did_not_fit_is_said(capsys):

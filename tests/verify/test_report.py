@@ -36,6 +36,8 @@ def test_report_is_self_contained(toy_compare, harmful_compare):
 def test_report_content(toy_compare, harmful_compare):
     ok, bad = _html(toy_compare), _html(harmful_compare)
     assert ">PASS<" in ok and 'class="verdict pass"' in ok
+    assert 'id="effects"' in ok and "late training loss" in ok and "would decide" in ok  # the paired tests
+    assert 'id="effects"' not in bad  # a hard failure (non-finite) has no statistics to show
     assert ">FAIL<" in bad and "non-finite" in bad and "scale collapsed" in bad
     assert 'id="img-scale"' in bad and 'id="img-scale"' not in ok  # the scale plot is for FP16 only
     assert "n/a on CPU" in ok and 'id="audit"' in ok

@@ -14,7 +14,8 @@ from torch import nn
 from ampkit.bench import measure
 from ampkit.bench.report import evaluate_bars, make_notes
 from ampkit.bench.runners import PEERS, RUNNERS, Built, Ctx, Refused, Unavailable, build
-from ampkit.bench.workloads import Workload, fp8_copy, load_workload
+from ampkit.bench.fp8rows import fp8_workloads
+from ampkit.bench.workloads import Workload, load_workload
 from ampkit.device import Device, detect_device
 from ampkit.errors import PrecisionUnsupported, UsageError, first_line
 from ampkit.device.policy import Precision, resolve_precision
@@ -22,7 +23,7 @@ from ampkit.device.provenance import git_commit
 
 __all__ = ["BenchConfig", "run_bench", "BENCH_PRECISIONS"]
 
-from ampkit.choices import BENCH_PRECISIONS, FP8_RECIPES  # noqa: E402  (BENCH_PRECISIONS re-exported)
+from ampkit.choices import BENCH_PRECISIONS, FP8_LAYERS, FP8_RECIPES  # noqa: E402  (BENCH_PRECISIONS re-exported)
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -47,7 +48,13 @@ class BenchConfig:
     device: str | None = None
     seed: int = 0
     command: str | None = None
-    fp8_recipe: str = "tensorwise"  # torchao's scaling for the fp8 rows: "tensorwise" or "rowwise"
+    # torchao's scaling for the fp8 rows, one recipe or several (rows "fp8-<recipe>" then): see FP8_RECIPES
+    fp8_recipe: str | tuple[str, ...] = "tensorwise"
+    fp8_layers: str = "paying"  # "paying": the layers the cost model predicts faster; "eligible": all the filter allows
+
+    @property
+    def fp8_recipes(self) -> tuple[str, ...]:
+        return (self.fp8_recipe,) if isinstance(self.fp8_recipe, str) else tuple(dict.fromkeys(self.fp8_recipe))
 
     def validate(self) -> None:
         for p in self.precisions or ():
@@ -64,8 +71,11 @@ class BenchConfig:
             raise UsageError(f"--rounds must be >= 1, got {self.rounds}")
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.fp8_recipe not in FP8_RECIPES:
-            raise UsageError(f"--fp8-recipe must be tensorwise or rowwise, got {self.fp8_recipe!r}")
+        for recipe in self.fp8_recipes or ("",):
+            if recipe not in FP8_RECIPES:
+                raise UsageError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
+        if self.fp8_layers not in FP8_LAYERS:
+            raise UsageError(f"--fp8-layers must be one of {', '.join(FP8_LAYERS)}, got {self.fp8_layers!r}")
 
 
 class _LossModule(nn.Module):
@@ -94,6 +104,9 @@ def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[t
         out = []
         for label in dict.fromkeys(config.precisions):
             prec = _resolve(label, device)
+            if label == "fp8" and len(config.fp8_recipes) > 1:  # one row label per recipe
+                out.extend((f"fp8-{recipe}", prec) for recipe in config.fp8_recipes)
+                continue
             out.append((label if label != "auto" else prec.name, prec))
         if not device.is_accelerator and all(label != "fp32" for label, _ in out):
             out.insert(0, ("fp32", _resolve("fp32", device)))
@@ -112,8 +125,8 @@ def _precisions(config: BenchConfig, device: Device, notes: list[str]) -> list[t
 def _runners_for(config: BenchConfig, label: str, compiled: bool) -> list[str]:
     if config.runners:
         # FP8 rows: ampkit's engine and the hand-written torchao loop; the peers have no torchao FP8 path.
-        return [r for r in config.runners if not ((compiled or label == "fp8") and r in PEERS)]
-    if compiled or label == "fp8":
+        return [r for r in config.runners if not ((compiled or label.startswith("fp8")) and r in PEERS)]
+    if compiled or label.startswith("fp8"):
         # Compiled: the step captured whole (forward, backward, clip, fused optimizer) with --graph.
         # FP8: the peers and the lesson's loop have no torchao path.
         return ["plain", "ampkit"] + (["ampkit-graph"] if config.graph else [])
@@ -158,11 +171,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     report({"event": "peak", **peak})
 
     modes = ([False] if config.eager else []) + ([True] if config.compile else [])
-    # FP8 rows train a copy of the model with torchao's Float8Linear layers; the other rows the model as it is.
-    workloads = {False: wl}
-    if any(label == "fp8" for label, _ in precisions):
-        workloads[True], summary = fp8_copy(wl, config.fp8_recipe)
-        notes.append(f"fp8 rows: {summary}; MFU against the BF16 matmul rate")
+    # FP8 rows train copies of the model with torchao's Float8Linear layers (one per recipe and mode: the plan
+    # differs eager and compiled); the other rows train the model as it is.
+    workloads, plans = fp8_workloads(config, wl, precisions, modes, notes)
     compiled_fwds = _compiled_forwards(config, workloads)
     tf32_before = device.tf32_switches()
     rounds = config.rounds or (5 if device.is_accelerator else 1)
@@ -182,12 +193,15 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
                     report({"event": "runner", "index": index, "total": total, "precision": label,
                             "compiled": compiled, "runner": runner, "round": rnd})
                     index += 1
-                    if compiled and compile_error:
+                    key = (label, compiled) if label.startswith("fp8") else ("", False)
+                    if isinstance(workloads[key], str):
+                        row = _row(label, prec, compiled, runner, status="refused", message=workloads[key])
+                    elif compiled and compile_error:
                         row = _row(label, prec, compiled, runner, status="error",
                                    message=f"compile failed: {compile_error}")
                     else:
-                        w = workloads[label == "fp8"]
-                        fwd = ((lambda b, m=compiled_fwds[label == "fp8"]: m(*b)) if compiled
+                        w = workloads[key]
+                        fwd = ((lambda b, m=compiled_fwds.get(key): m(*b)) if compiled
                                else (lambda b, w=w: w.loss(w.model, b)))
                         row = _measure(w, device, label, prec, compiled, runner, fwd, config, steps, warmup,
                                        peak["flops_per_s"], check_syncs=rnd == 0)
@@ -203,9 +217,14 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
                                                     == (label, compiled, runner))})
     finally:
         device.restore_tf32(tf32_before)  # each switch to its own value (cuBLAS and cuDNN differ by default)
-    settings = {"steps": steps, "warmup": warmup, "rounds": rounds, **({"fp8_recipe": config.fp8_recipe}
-                                                                       if True in workloads else {})}
-    return _result(config, device, wl, peak, settings, rows, notes)
+    settings = {"steps": steps, "warmup": warmup, "rounds": rounds}
+    if plans:
+        recipes = config.fp8_recipes
+        settings.update(fp8_recipe=recipes[0] if len(recipes) == 1 else list(recipes), fp8_layers=config.fp8_layers)
+    result = _result(config, device, wl, peak, settings, rows, notes)
+    if plans:
+        result["fp8_plans"] = plans
+    return result
 
 
 def _compiled_forwards(config: BenchConfig, workloads: dict[bool, Any]) -> dict[bool, Any]:
@@ -215,7 +234,8 @@ def _compiled_forwards(config: BenchConfig, workloads: dict[bool, Any]) -> dict[
     kw = {"backend": config.compile_backend}
     if config.compile_mode:
         kw["mode"] = config.compile_mode
-    return {is_fp8: torch.compile(_LossModule(w.model, w.loss), **kw) for is_fp8, w in workloads.items()}
+    return {key: torch.compile(_LossModule(w.model, w.loss), **kw) for key, w in workloads.items()
+            if not isinstance(w, str) and (key[1] or not key[0])}
 
 
 def _result(config: BenchConfig, device: Any, wl: Any, peak: dict[str, Any], settings: dict[str, Any],
@@ -235,7 +255,7 @@ def _result(config: BenchConfig, device: Any, wl: Any, peak: dict[str, Any], set
                      "compile_mode": config.compile_mode or "default", "compile_backend": config.compile_backend,
                      "optimizer": wl.optimizer_name + " (lesson runner: the default foreach/for-loop form)",
                      "sync_steps": config.sync_steps, "seed": config.seed,
-                     **({"fp8_recipe": settings["fp8_recipe"]} if "fp8_recipe" in settings else {})},
+                     **{k: settings[k] for k in ("fp8_recipe", "fp8_layers") if k in settings}},
         "rows": rows,
     }
     result["bars"] = evaluate_bars(result)

@@ -12,6 +12,8 @@ BARS = {
     "mfu_bf16_compiled": 0.55,  # GPT-2-small, ampkit, BF16, compiled
     "fp16_vs_bf16": 1.02,  # ampkit FP16 step time / ampkit BF16 step time
     "graph_speedup": 15.0,  # lesson loop step time / whole-step graph step time, lesson model
+    "fp8_never_slower": 1.0,  # BF16 step time / FP8 step time, FP8 with the plan, any model (issue 33)
+    "fp8_at_scale": 1.2,  # the same on llama-1b
 }
 
 
@@ -52,6 +54,7 @@ def evaluate_bars(result: dict[str, Any]) -> list[dict[str, Any]]:
             ratio = a["ms_per_step"] / b["ms_per_step"]
             add(f"FP16 + scaler vs BF16 {_mode(compiled)}", f"<= {BARS['fp16_vs_bf16']}", ratio,
                 ratio <= BARS["fp16_vs_bf16"], f"{a['ms_per_step']:.3f} vs {b['ms_per_step']:.3f} ms/step")
+    _fp8_bars(rows, model, add)
     if model == "lesson":
         for r in rows:
             if r["runner"] != "ampkit-graph" or r["status"] != "ok":
@@ -82,6 +85,23 @@ def evaluate_bars(result: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{r['peak_mem_bytes'] / 2**30:.2f} vs {plain['peak_mem_bytes'] / 2**30:.2f} GiB "
                 f"({delta:+,d} bytes)")
     return bars
+
+
+def _fp8_bars(rows: list[dict[str, Any]], model: str, add: Any) -> None:
+    """FP8 rows against BF16, ampkit's runner (the plain loop where ampkit did not run), per mode."""
+    for compiled in (False, True):
+        base = _find(rows, "bf16", compiled, "ampkit") or _find(rows, "bf16", compiled, "plain")
+        for r in rows:
+            if (not r["precision"].startswith("fp8") or r["compiled"] != compiled or base is None
+                    or r["runner"] != base["runner"] or r["status"] != "ok"):
+                continue
+            speedup = base["ms_per_step"] / r["ms_per_step"]
+            bar = BARS["fp8_at_scale"] if model == "llama-1b" else BARS["fp8_never_slower"]
+            mem = ""
+            if r["peak_mem_bytes"] and base["peak_mem_bytes"]:
+                mem = f"; peak memory {r['peak_mem_bytes'] / 2**30:.2f} vs {base['peak_mem_bytes'] / 2**30:.2f} GiB"
+            add(f"{r['precision']} (plan) vs BF16 {_mode(compiled)}", f">= {bar}x", speedup, speedup >= bar,
+                f"{r['ms_per_step']:.2f} vs {base['ms_per_step']:.2f} ms/step{mem}")
 
 
 def make_notes(result: dict[str, Any]) -> list[str]:

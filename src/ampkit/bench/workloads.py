@@ -1,7 +1,8 @@
 """What ``ampkit bench`` trains: a model on the device, its initial weights, a loss and fixed batches.
 
 Names: ``gpt2-small`` (charlm in the GPT-2-small shape; accelerators only), ``charlm``, ``digits``,
-``lesson`` (the lesson's 5-4-3 ``SimpleModel`` with MSE on one fixed 6x5 batch), the foreign models
+``lesson`` (the lesson's 5-4-3 ``SimpleModel`` with MSE on one fixed 6x5 batch), ``llama-1b`` (a Llama-style
+decoder in the TinyLlama-1.1B shape at sequence 2048, :mod:`ampkit.bench.llama`; accelerators only), the foreign models
 ``resnet50`` (torchvision) and ``hf-gpt2`` (transformers) of :mod:`ampkit.bench.foreign`, or any task spec
 ``FILE.py:factory`` / ``module:factory`` (see :func:`ampkit.tasks.load_task`).
 """
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampkit.bench.foreign import FOREIGN, build_foreign
+from ampkit.bench.llama import build_llama
 from ampkit.device import Device
 from ampkit.errors import UsageError
 
@@ -26,7 +28,7 @@ __all__ = ["Workload", "load_workload", "fp8_copy", "SimpleModel", "GPT2_SMALL",
 # GPT-2 small: 124M parameters with the vocabulary padded from 50257 to 50304 (a multiple of 64, so
 # the head's matmul tiles evenly), 16 sequences of 1024 tokens.
 GPT2_SMALL = {"d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 1024, "batch_size": 16, "vocab_size": 50304}
-MODEL_NAMES = ("gpt2-small", "charlm", "digits", "lesson", "resnet50", "hf-gpt2")
+MODEL_NAMES = ("gpt2-small", "llama-1b", "charlm", "digits", "lesson", "resnet50", "hf-gpt2")
 N_BATCHES = 4  # distinct batches cycled through: real data, no transfer inside the timed loop
 
 
@@ -111,6 +113,12 @@ def load_workload(spec: str, device: Device, *, seed: int = 0, options: dict[str
         task = load_task("charlm", seed=seed, options={**GPT2_SMALL, **options}, device=device.torch_device)
         wl = _from_task(task, "gpt2-small")
         wl.description = "GPT-2 small shape: " + task.description
+    elif spec == "llama-1b":
+        if not device.is_accelerator and not options:
+            raise UsageError("llama-1b (1.1B parameters, 8 x 2048 tokens a step) needs a GPU: on the CPU shrink it "
+                             "(--task-arg d_model=64 --task-arg n_layers=2 ...) or use --model charlm")
+        torch.manual_seed(seed)
+        wl = Workload(name=spec, **build_llama(options, torch.Generator().manual_seed(seed)))
     elif spec in FOREIGN:
         wl = Workload(name=spec, **build_foreign(spec, device, seed, options))
     elif spec == "lesson":
@@ -136,15 +144,16 @@ def _from_task(task: Any, name: str) -> Workload:
                     samples_per_step=task.samples_per_batch, lr=task.lr, weight_decay=task.weight_decay)
 
 
-def fp8_copy(wl: Workload, recipe: str) -> tuple[Workload, str]:
+def fp8_copy(wl: Workload, recipe: str, chosen: Any = None) -> tuple[Workload, str]:
     """The workload with a copy of its model whose chosen ``nn.Linear`` layers are torchao's ``Float8Linear``
     (:func:`ampkit.engine.fp8.convert`): the same initial weights (the state dict keys do not change) and batches, so
-    the FP8 rows time the same training as the others; ``wl`` itself is left as it was. Returns the copy and
-    the conversion's one-line summary."""
+    the FP8 rows time the same training as the others; ``wl`` itself is left as it was. ``chosen``: the FP8 plan
+    (an :class:`~ampkit.engine.fp8.FP8Report` made for ``wl.model``) to convert; None: the shape filter's.
+    Returns the copy and the conversion's one-line summary."""
     from ampkit.engine.fp8 import convert
 
     model = copy.deepcopy(wl.model)
-    report = convert(model, recipe=recipe)
+    report = convert(model, recipe=recipe, chosen=chosen)
     out = dataclasses.replace(wl, model=model)
     out.reset()
     return out, report.summary()

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from ampkit.checkpoint.rotation import is_good, last_good, mark_good, rotate
 from ampkit.checkpoint.file import (FORMAT, CheckpointManager, atomic_write_bytes, fsync_dir, load_checkpoint, load_parts,
                                restore, restore_engine, rng_state)
 from ampkit.device import Device
@@ -117,7 +118,7 @@ class RunCheckpoints:
         try:
             with _quiet_without_group():
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
-        except Exception as exc:  # noqa: BLE001 - dcp wraps OSErrors of any rank in its own type
+        except (Exception, _dcp_error()) as exc:  # noqa: BLE001 - dcp wraps OSErrors of any rank in its own type
             raise CheckpointError(f"cannot write checkpoint {final}: {first_line(exc, 200)}") from exc
         if self._main:
             # The engine's state first: it brings device-driven schedulers to their true position.
@@ -130,8 +131,9 @@ class RunCheckpoints:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             fsync_dir(self.folder)
-            for _, old in self.list()[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            if is_good(amp_state):
+                mark_good(self.folder, step, final)
+            rotate(self.list(), self.keep, self.folder, lambda old: shutil.rmtree(old, ignore_errors=True))
         self._barrier()
         return final
 
@@ -141,10 +143,27 @@ class RunCheckpoints:
         return sorted(found, key=lambda sp: (sp[0], sp[1].suffix == (".dcp" if self.sharded else ".pt")),
                       reverse=True)
 
+    def last_good(self) -> tuple[int, Path] | None:
+        """``(step, path)`` of the newest checkpoint saved while no streak of skipped steps ran
+        (:mod:`ampkit.checkpoint.rotation`); None when none is named or it is gone."""
+        return last_good(self.folder)
+
+    def restore(self, path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, amp: Any, device: Device,
+                scheduler: Any | None = None) -> tuple[int, list[str]]:
+        """Load the checkpoint at ``path`` (either kind) into the live objects: ``(step, notes)``."""
+        notes: list[str] = []
+        state = self._load(Path(path), model, optimizer, amp, device, scheduler, notes)
+        return int(state["step"]), notes
+
     def restore_latest(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, amp: Any, device: Device,
                        scheduler: Any | None = None) -> tuple[int, Path | None, list[str]]:
-        """Load the newest good checkpoint into the live objects: ``(step, path or None, notes)``."""
+        """Load the newest checkpoint that loads into the live objects: ``(step, path or None, notes)``.
+
+        Unreadable checkpoints are skipped with a note; when checkpoints are there and none of them
+        loads, a :class:`CheckpointError` says why (starting from scratch would train over the run);
+        a checkpoint that reads well but belongs to another run is a :class:`CheckpointMismatch`."""
         notes: list[str] = []
+        reasons: list[str] = []
         for _, path in self.candidates():
             if path.suffix == ".pt" and self.sharded and active():
                 notes.append(f"skipped {path.name}: a one-file checkpoint cannot feed a sharded (fsdp) model")
@@ -156,8 +175,13 @@ class RunCheckpoints:
                                          f"and optimizer it was trained with, or train into another --out") from exc
             except CheckpointError as exc:
                 notes.append(f"skipped unreadable checkpoint: {exc}")
+                reasons.append(str(exc))
                 continue
             return int(state["step"]), path, notes
+        if reasons or notes:
+            why = reasons[0] if reasons else notes[0]
+            raise CheckpointError(f"none of the checkpoints in {self.folder} loads ({why}): nothing was changed; "
+                                  f"fix or move them away to start again, or train into another --out")
         return 0, None, notes
 
     def _load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, amp: Any, device: Device,
@@ -189,9 +213,16 @@ def _load_dcp(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) ->
     try:
         with _quiet_without_group():
             dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # noqa: BLE001 - every rank reads the same files: all fail alike
+    except (Exception, _dcp_error()) as exc:  # noqa: BLE001 - every rank reads the same files: all fail alike
         raise CheckpointError(f"cannot read checkpoint {path}: {first_line(exc, 200)}") from exc
     set_state_dict(target, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _dcp_error() -> type[BaseException]:
+    """dcp's CheckpointException, which derives from BaseException: ``except Exception`` lets it through."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
 
 
 @contextmanager

@@ -24,7 +24,6 @@ import os
 import pickle
 import random
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +31,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ampkit.checkpoint.atomic import atomic_write_bytes, fsync_dir
+from ampkit.checkpoint.rotation import is_good, last_good, mark_good, rotate
 from ampkit.checkpoint.content import check_loadable, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
 from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError
@@ -93,35 +94,6 @@ def _device_of(model: nn.Module, amp: Any | None) -> Device | None:
 
 
 # ---------------------------------------------------------------------------- files
-def atomic_write_bytes(path: str | os.PathLike, write: Any) -> Path:
-    """Call ``write(fileobj)`` on a temp file beside ``path``, fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)  # make the rename itself durable
-    return path
-
-
-def fsync_dir(folder: str | os.PathLike) -> None:
-    """fsync a folder so that a rename into it survives a crash; best effort (not every OS allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def prepare_folder(out: str | os.PathLike, flag: str = "--out") -> Path:
     """Create ``out`` if needed and check that files can be written there, before any work is done;
     a one-line :class:`UsageError` otherwise."""
@@ -183,6 +155,15 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     >>> path.name
     'ckpt.pt'
     """
+    state = checkpoint_state(model=model, optimizer=optimizer, amp=amp, step=step, device=device, extra=extra,
+                             scheduler=scheduler)
+    return write_state(path, state)
+
+
+def checkpoint_state(*, model: nn.Module, optimizer: Optimizers, amp: Any | None = None, step: int,
+                     device: Device | None = None, extra: dict[str, Any] | None = None,
+                     scheduler: Schedulers = None) -> dict[str, Any]:
+    """What :func:`save_checkpoint` writes, checked to load with ``weights_only=True``."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UsageError(f"step must be a non-negative int, got {step!r}")
     # The engine's state first: it brings schedulers it drives on the device to their true position, so the
@@ -203,6 +184,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: Opt
     }
     for key, value in state.items():
         check_loadable(value, key)
+    return state
+
+
+def write_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write a :func:`checkpoint_state` atomically; a one-line :class:`CheckpointError` when it cannot."""
     try:
         return atomic_write_bytes(path, lambda fh: torch.save(state, fh))
     except OSError as exc:
@@ -231,7 +217,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
             raise CheckpointError(f"refused {path}: it carries pickled code or objects, which ampkit never "
                                   f"loads (weights_only=True); re-save it from trusted code ({first[:120]})") from exc
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {first[:160]}") from exc
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a torn file makes the unpickler fail in many ways (IndexError, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {first[:160]}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -378,6 +364,11 @@ def restore_engine(state: dict[str, Any], *, amp: Any | None, device: Device | N
 
 
 # ---------------------------------------------------------------------------- a folder of checkpoints
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
 @dataclass
 class Found:
     """The newest loadable checkpoint, and the newer ones that were skipped as unreadable."""
@@ -410,12 +401,18 @@ class CheckpointManager:
         return sorted(out)
 
     def save(self, *, step: int, **kwargs: Any) -> Path:
-        """:func:`save_checkpoint` to ``path_for(step)`` (same keywords), then drop all but the newest ``keep``."""
-        path = save_checkpoint(self.path_for(step), step=step, **kwargs)
-        for _, old in self.list()[: -self.keep]:
-            with contextlib.suppress(OSError):
-                old.unlink()
+        """:func:`save_checkpoint` to ``path_for(step)`` (same keywords), then drop all but the newest ``keep``
+        and the last good one (:mod:`ampkit.checkpoint.rotation`)."""
+        state = checkpoint_state(step=step, **kwargs)
+        path = write_state(self.path_for(step), state)
+        if is_good(state["amp"]):
+            mark_good(self.folder, step, path)
+        rotate(self.list(), self.keep, self.folder, _unlink)
         return path
+
+    def last_good(self) -> tuple[int, Path] | None:
+        """``(step, path)`` of the newest checkpoint saved while no streak of skipped steps ran."""
+        return last_good(self.folder)
 
     def latest(self, *, map_location: Any = "cpu") -> Found:
         """The newest checkpoint that loads; unreadable newer ones are reported in ``skipped``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from ampkit.cli.common import add_device_arg, add_precision_arg, console, print_json
 from ampkit.cli.common import add_fp32_modules_arg
 from ampkit.cli.train import add_task_args
@@ -11,6 +13,7 @@ EXAMPLES = """examples:
   ampkit audit --precision fp16 --json             # every op with its dtypes, as JSON
   ampkit audit --task mytask.py:make_task          # your model: task.loss(model, first batch)
   ampkit audit --precision fp16 --fp32-modules preset:norm   # FP32 regions: declared, not surprises
+  ampkit audit train.py --epochs 1                 # YOUR script, unmodified: the ops of its first optimizer step
 
 Categories: low (FP16/BF16), promoted (FP32 from low-precision inputs: autocast's FP32 list),
 fp32 (kept), fp64, cast. Surprises: a matmul kept in FP32 under autocast (autocast(enabled=False),
@@ -29,6 +32,10 @@ def register(sub, formatter_class):
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the audit (with every op) as JSON")
     add_fp32_modules_arg(p)
+    p.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
+                   help="your training script, run unmodified in a fresh process up to its first optimizer step "
+                        "(instead of --task); --precision bf16/fp16 forces its autocast dtype")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
     p.set_defaults(func=run)
     return p
 
@@ -40,7 +47,29 @@ def _tag(cat: str) -> str:
     return f"[{_COLORS.get(cat, 'white')}]{cat}[/]"
 
 
+def _run_script(args) -> int:
+    from ampkit.errors import UsageError
+    from ampkit.verify.script_compare import audit_script
+
+    if args.script.startswith("-"):
+        raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit audit --help)")
+    for flag, value, default in (("--task", args.task, "digits"), ("--task-arg", args.task_arg, []),
+                                 ("--device", args.device, None), ("--fp32-modules", args.fp32_modules, None)):
+        if value != default:
+            raise UsageError(f"{flag} is for tasks, not for a SCRIPT (the script decides its model and device): drop it")
+    result = audit_script(args.script, args.script_args, precision=args.precision)
+    reason = "as the script runs it" if args.precision in (None, "auto") else f"--precision {args.precision} forced"
+    if args.json:
+        print_json({"task": args.script, "script": args.script, "args": args.script_args, "reason": reason,
+                    **result.to_dict()})
+        return 0
+    _render(result, f"{args.script} (first optimizer step)", reason)
+    return 0
+
+
 def run(args) -> int:
+    if args.script is not None:
+        return _run_script(args)
     from ampkit.device import detect_device
     from ampkit.device.policy import resolve_precision
     from ampkit.tasks import load_task, parse_task_args

@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   ampkit bench --model gpt2-small --precision bf16 fp16 --compile
   ampkit bench --model lesson --precision fp16 --graph     # whole-step graph vs the lesson's loop
   ampkit bench --model gpt2-small --precision bf16 fp8 --graph --compile   # FP8 (torchao) beside BF16
+  ampkit bench --model llama-1b --precision bf16 fp8 --compile --fp8-recipe tensorwise rowwise  # FP8 at scale
   ampkit bench --model charlm --task-arg d_model=256 --steps 10
   ampkit bench --model mytask.py:make_task --json > bench.json
 
@@ -32,14 +33,15 @@ def register(sub, formatter_class):
                                    "compiled, on the present device. Results are figures for this run only.",
                        epilog=EXAMPLES, formatter_class=formatter_class)
     p.add_argument("--model", default=None, metavar="M",
-                   help="gpt2-small | charlm | digits | lesson | FILE.py:factory (default: gpt2-small on a GPU, "
+                   help="gpt2-small | llama-1b | charlm | digits | lesson | resnet50 | hf-gpt2 | FILE.py:factory "
+                        "(default: gpt2-small on a GPU, "
                         "digits on the CPU)")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the task factory, repeatable (e.g. d_model=256)")
     p.add_argument("--precision", nargs="+", default=None, metavar="P",
                    help=f"one or more of {' | '.join(BENCH_PRECISIONS)} (tf32: fp32 with TF32 matmuls; fp8: torchao's "
                         "Float8Linear under BF16 autocast, asked for by name); default: every one the device has but fp8")
-    add_fp8_recipe_arg(p, "the fp8 rows")
+    add_fp8_recipe_arg(p, "the fp8 rows", several=True)
     p.add_argument("--compile", action="store_true", help="also measure torch.compile'd model + loss")
     p.add_argument("--no-eager", action="store_true", help="with --compile: compiled configurations only")
     p.add_argument("--compile-mode", default=None, metavar="MODE",
@@ -73,7 +75,7 @@ def run(args) -> int:
         model=args.model, task_options=parse_task_args(args.task_arg), precisions=_split(args.precision),
         eager=not args.no_eager, compile=args.compile, compile_mode=args.compile_mode, graph=args.graph,
         runners=_split([args.runners] if args.runners else None), steps=args.steps, warmup=args.warmup,
-        rounds=args.rounds, fp8_recipe=args.fp8_recipe,
+        rounds=args.rounds, fp8_recipe=tuple(args.fp8_recipe), fp8_layers=args.fp8_layers,
         device=args.device, seed=args.seed, command="ampkit bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1 and sys.argv[1] == "bench" else None,
     )

@@ -30,11 +30,19 @@ def add_fp32_modules_arg(p: argparse.ArgumentParser) -> None:
                         "presets (preset:norm, preset:softmax, preset:loss)")
 
 
-def add_fp8_recipe_arg(p: argparse.ArgumentParser, what: str) -> None:
-    from ampkit.choices import FP8_RECIPES
+def add_fp8_recipe_arg(p: argparse.ArgumentParser, what: str, *, several: bool = False) -> None:
+    from ampkit.choices import FP8_LAYERS, FP8_RECIPES
 
-    p.add_argument("--fp8-recipe", default=FP8_RECIPES[0], choices=FP8_RECIPES,
-                   help=f"{what}: torchao's scaling recipe ({FP8_RECIPES[0]} is fastest on Hopper)")
+    extra: dict[str, Any] = {"nargs": "+", "metavar": "RECIPE"} if several else {}
+    p.add_argument("--fp8-recipe", default=[FP8_RECIPES[0]] if several else FP8_RECIPES[0], choices=FP8_RECIPES,
+                   **extra,
+                   help=f"{what}: torchao's scaling recipe ({FP8_RECIPES[0]} is fastest on Hopper, "
+                        f"{FP8_RECIPES[2]} the most accurate)"
+                        + ("; several: one set of fp8 rows each" if several else ""))
+    p.add_argument("--fp8-layers", default=FP8_LAYERS[0], choices=FP8_LAYERS,
+                   help="paying (default): only the linear layers FP8 is predicted to make faster, by a cost model "
+                        "measured on this card (a probe at first use, cached); eligible: every layer the shape "
+                        "filter allows, speed not checked")
 
 
 def print_json(obj: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ampkit.cli.common import ProgressView, add_device_arg, add_fp32_modules_arg, add_precision_arg, console, print_json
@@ -16,23 +17,36 @@ EXAMPLES = """examples:
   ampkit compare --task mytask.py:make_task --precision fp16 --explain
                                                    # on FAIL: which module adds the error, and the fix
   ampkit compare --precision fp16 --fp32-modules norm,preset:loss   # with FP32 regions, and their cost
+  ampkit compare --seeds 2 --steps 200 train.py --epochs 1          # YOUR script, unmodified: FP32 by switching
+  ampkit compare --metric 'test accuracy ([0-9.]+)' train.py        # also judge a number the script prints
+  ampkit compare --seeds 5 --tolerance 0.02      # accept up to 2 % worse than FP32, judged over 5 seeds
 
-exit status: 0 pass, 1 fail, 2 bad input. How the verdict is reached: docs/commands/compare.md, "The verdict".
+With SCRIPT, each run is `python SCRIPT ARGS` in a fresh process: FP32 runs with every autocast and GradScaler
+switched off, AMP runs as written (or --precision bf16/fp16 forcing autocast's dtype); ampkit's seeds replace
+the script's own; the loss of each optimizer step is judged. Options go before SCRIPT; what follows is ARGS.
+
+exit status: 0 pass, 1 fail, 2 bad input (or a script that cannot be compared), 3 inconclusive (more seeds
+would decide). How the verdict is reached: docs/commands/compare.md, "The verdict".
 """
 
 
 def register(sub, formatter_class):
     p = sub.add_parser("compare", help="FP32 vs AMP from the same seeds: verdict, curves, speed-up, report",
                        description="Train the task in FP32 over N seeds and in the AMP precision from the same seeds, "
-                                   "initial weights and data order. Pass when the AMP loss stays inside the FP32 "
-                                   "seed band, the final metric is within the FP32 spread, at most 5% of steps are "
-                                   "skipped and the FP16 scale does not collapse. Also measures samples/s and peak "
-                                   "memory of both. Writes DIR/compare.json and DIR/report.html.",
+                                   "initial weights and data order. The verdict is a paired test over the seeds: pass "
+                                   "when AMP is surely within --tolerance of FP32 (final metric and late loss), fail "
+                                   "when surely beyond it (or non-finite, over 5% of steps skipped, FP16 scale "
+                                   "collapse), else inconclusive. Also measures samples/s and peak memory of both. "
+                                   "Writes DIR/compare.json and DIR/report.html.",
                        epilog=EXAMPLES, formatter_class=formatter_class)
     add_task_args(p)
     add_precision_arg(p)
     add_device_arg(p)
-    p.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds 0..N-1 (FP32 spread needs >= 2)")
+    p.add_argument("--seeds", type=int, default=3, metavar="N",
+                   help="seeds 0..N-1; each sharpens the verdict (one seed can fail or be inconclusive, never pass)")
+    p.add_argument("--tolerance", type=float, default=None, metavar="T",
+                   help="the harm you accept, relative to FP32 (default 0.01 = 1%%; for an accuracy at least one "
+                        "test example)")
     p.add_argument("--steps", type=int, default=None, metavar="S", help="optimizer steps per run (default: the task's)")
     p.add_argument("--log-every", type=int, default=None, metavar="L",
                    help="steps per point of the loss curves (default: about 40 points)")
@@ -50,8 +64,45 @@ def register(sub, formatter_class):
     p.add_argument("--explain-budget", default=None, metavar="SECONDS|FACTORx",
                    help="time limit of --explain: seconds (300) or a factor of the comparison's time (1.5x); "
                         "default 2x")
+    p.add_argument("--metric", default=None, metavar="REGEX",
+                   help="with SCRIPT: a final metric the script prints, its first group a number (last match), "
+                        "e.g. 'test accuracy ([0-9.]+)'")
+    p.add_argument("--metric-mode", default=None, choices=("max", "min"),
+                   help="with --metric: higher (max) or lower (min) is better (default: max when REGEX names an "
+                        "accuracy-like quantity: acc, f1, auc, bleu, rouge, score, precision, recall, map, iou)")
+    p.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
+                   help="your training script, run unmodified (instead of --task)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
     p.set_defaults(func=run)
     return p
+
+
+_TASK_ONLY = (("task", "digits"), ("task_arg", []), ("lr", None), ("fp32_modules", None), ("explain", False),
+              ("explain_budget", None), ("no_graph", False), ("device", None))
+
+
+def _run_script(args) -> int:
+    from ampkit.errors import UsageError
+    from ampkit.verify.script_compare import compare_script
+
+    if args.script.startswith("-"):
+        raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit compare --help)")
+    for name, default in _TASK_ONLY:
+        if getattr(args, name, default) != default:
+            raise UsageError(f"--{name.replace('_', '-')} is for tasks, not for a SCRIPT (the script decides its "
+                             f"model, device and learning rate): drop it")
+    if args.metric_mode is not None and args.metric is None:
+        raise UsageError("--metric-mode says which direction of --metric is better: add --metric REGEX")
+    with _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
+        result = compare_script(args.script, args.script_args, precision=args.precision, seeds=args.seeds,
+                                steps=args.steps, log_every=args.log_every, metric=args.metric,
+                                metric_mode=args.metric_mode, out=args.out, run_audit=not args.no_audit, progress=bar,
+                                tolerance=args.tolerance)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        _summary(result)
+    return {"pass": 0, "fail": 1, "inconclusive": 3}[result.verdict]
 
 
 def _budget(text: str | None) -> tuple[float | None, float]:
@@ -76,12 +127,18 @@ def run(args) -> int:
     from ampkit.tasks import parse_task_args
     from ampkit.verify.compare import compare
 
+    if args.tolerance is not None and not 0 < args.tolerance < float("inf"):
+        raise UsageError(f"--tolerance must be a positive fraction, e.g. 0.01 for 1 %, got {args.tolerance}")
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.log_every is not None and args.log_every < 1:
         raise UsageError(f"--log-every must be >= 1, got {args.log_every}")
+    if args.script is not None:
+        return _run_script(args)
+    if args.metric is not None or args.metric_mode is not None:
+        raise UsageError("--metric reads a number a SCRIPT prints; a task has its own metric: drop --metric")
     budget, factor = _budget(args.explain_budget)
     if args.explain_budget is not None and not args.explain:
         raise UsageError("--explain-budget limits --explain: add --explain")
@@ -90,12 +147,12 @@ def run(args) -> int:
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
-                         explain_factor=factor, graph=False if args.no_graph else None)
+                         explain_factor=factor, graph=False if args.no_graph else None, tolerance=args.tolerance)
     if args.json:
         print_json(result.to_dict())
     else:
         _summary(result)
-    return 0 if result.passed else 1
+    return {"pass": 0, "fail": 1, "inconclusive": 3}[result.verdict]
 
 
 class _Progress(ProgressView):
@@ -111,8 +168,15 @@ class _Progress(ProgressView):
         kind = ev.get("event")
         if self.quiet:
             return
-        if kind == "compare_start":
-            self.steps = ev["steps"]
+        if kind == "compare_start" and ev.get("script"):
+            self.steps = ev["steps"] or 1
+            self.err.print(f"[bold]{ev['task']}[/]: FP32 (autocast and GradScaler switched off) vs AMP "
+                           f"({ev['reason']}), seeds {ev['seeds']}, "
+                           + (f"{ev['steps']} steps each" if ev["steps"] else "the script's own length"))
+            if self.progress is not None:
+                self.bar = self.progress.add_task("compare", total=ev["runs"] * self.steps, info="")
+        elif kind == "compare_start":
+            self.steps = ev["steps"] or 1
             self.err.print(f"[bold]{ev['task']}[/] on {ev['device']}: FP32 vs {ev['precision'].upper()} "
                            f"({ev['reason']}), seeds {ev['seeds']}, {ev['steps']} steps each")
             if self.progress is not None:
@@ -174,7 +238,7 @@ def _summary(r) -> None:
     last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
     t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
     sp = r.ratios.get("speedup")
-    t.add_row("samples/s (median)", _num(r.throughput.get("fp32"), "{:,.0f}"), _num(r.throughput.get("amp"), "{:,.0f}"),
+    t.add_row(f"{r.throughput.get('unit', 'samples/s')} (median)", _num(r.throughput.get("fp32"), "{:,.0f}"), _num(r.throughput.get("amp"), "{:,.0f}"),
               f"speed-up {sp:.2f}x" if sp else "")
     mem = r.memory
     saving = r.ratios.get("memory_saving")
@@ -192,18 +256,44 @@ def _summary(r) -> None:
         out.print(f"[yellow]warning {w.get('code')}[/]: {w.get('message')}" + (f". fix: {w['fix']}" if w.get("fix") else ""))
     for n in r.notes:
         out.print(f"note: {n}", highlight=False)
+    _effects(out, r)
     if r.passed:
-        out.print(f"[bold green]PASS[/]: {amp} matches FP32 within the seed-to-seed spread")
+        out.print(f"[bold green]PASS[/]: {amp} is within the tolerance of FP32 (paired over {len(r.seeds)} seeds)")
+    elif r.verdict == "inconclusive":
+        out.print(f"[bold yellow]INCONCLUSIVE[/]: {amp} is neither shown within the tolerance of FP32 nor beyond it")
+        for reason in r.reasons:
+            out.print(f"  - {reason}", highlight=False)
     else:
         out.print(f"[bold red]FAIL[/]: {amp} does not match FP32")
         for reason in r.reasons:
             out.print(f"  - {reason}", highlight=False)
     _regions(out, r)
     _explain(out, r)
-    if not r.passed and r.explain is None:
+    if r.verdict == "fail" and r.explain is None:
         out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
+    if r.source:
+        out.print(f"runs came from your script: {r.task_description} (each run a fresh process; outputs: "
+                  f"{r.source.get('runs_folder') or 'not kept'})", highlight=False, soft_wrap=True)
     if r.report:
         out.print(f"report: {r.report}  (json: {r.report.rsplit('/', 1)[0]}/compare.json)", highlight=False)
+
+
+def _effects(out, r) -> None:
+    """The paired tests: harm (AMP worse than FP32, same seed) with its bounds, the tolerance and the resolution."""
+    from rich.table import Table
+
+    ends = (r.effects or {}).get("endpoints") or []
+    if not ends:
+        return
+    pct = lambda v: "n/a" if v is None else f"{v:+.2%}"  # noqa: E731
+    t = Table(title=f"{r.precision.upper()} minus FP32, paired by seed (harm: + is worse, relative to FP32)",
+              title_justify="left")
+    for col in ("quantity", "harm", "bounds", "tolerance", "resolution", "decision"):
+        t.add_column(col, justify="left" if col in ("quantity", "decision") else "right")
+    for e in ends:
+        t.add_row(e["name"], pct(e["mean"]), f"{pct(e['lower'])} .. {pct(e['upper'])}", f"{e['tolerance']:.2%}",
+                  "n/a" if e["detectable"] is None else f"{e['detectable']:.2%}", e["decision"])
+    out.print(t)
 
 
 def _regions(out, r) -> None:

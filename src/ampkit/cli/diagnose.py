@@ -13,6 +13,8 @@ EXAMPLES = """examples:
   ampkit diagnose --steps 200 train.py            # look further into the run
   ampkit diagnose --json findings.json train.py   # findings as JSON: [{code, message, where, fix, step}]
   ampkit diagnose --fp16-range train.py           # FP32 run: which modules would overflow/underflow FP16
+  ampkit diagnose --replay runs/x                 # a halted `ampkit train --out runs/x`: find the op
+  ampkit diagnose --replay runs/x:120 --fix-check # replay step 120; check the suggested fix holds
 
 exit status: 0 no findings, 1 findings (or the script failed), 2 usage error, 3 nothing was checked
 (the script reached no optimizer step and no autocast region).
@@ -35,7 +37,10 @@ def register(sub, formatter_class):
     p.add_argument("--fp16-range", action="store_true",
                    help="run in FP32 (autocast and GradScaler forced off) and predict FP16 overflow/underflow "
                         "per module, the initial loss scale and the modules to keep in FP32")
-    p.add_argument("script", metavar="SCRIPT", help="the training script")
+    from ampkit.cli.replay import add_replay_args
+
+    add_replay_args(p)
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
     p.set_defaults(func=run)
     return p
@@ -54,9 +59,15 @@ def _positive(text: str) -> int:
 def run(args) -> int:
     from ampkit.diagnose import diagnose_script, fp16_range_script
 
+    _check_writable(args.json_file)  # before anything runs: a run is not thrown away at the end
+    if args.replay is not None or args.fix_check:
+        from ampkit.cli.replay import run_replay
+
+        return run_replay(args, _write_json, _console)
+    if args.script is None:
+        raise UsageError("SCRIPT is required (the training script), or --replay RUN_DIR for a run of `ampkit train`")
     if args.script.startswith("-"):
         raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit diagnose --help)")
-    _check_writable(args.json_file)  # before the script runs: a run is not thrown away at the end
     if args.fp16_range:
         report, error = fp16_range_script(args.script, args.args, steps=args.steps or 5)
         payload = {"script": args.script, "error": error, **report.to_dict()}

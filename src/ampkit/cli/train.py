@@ -138,10 +138,17 @@ def run(args) -> int:
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
         tensorboard=args.tensorboard, strategy=args.strategy, init_scale=args.init_scale,
         fp32_modules=args.fp32_modules, graph=False if args.no_graph else None, fp8_recipe=args.fp8_recipe,
+        fp8_layers=args.fp8_layers,
         callbacks=tuple(args.callback), stop_signal=args.stop_signal, stop_check_every=args.stop_check_every,
     )
     config.validate()
     if args.nproc is not None:
+        if config.out:  # before torchrun starts: one line here, not one per rank
+            from pathlib import Path
+
+            from ampkit.training.record import refuse_existing_run
+
+            refuse_existing_run(Path(config.out), resume=config.resume)
         return _launch(args)
     with _Bar(enabled=main_rank and not args.json and sys.stderr.isatty()) as bar:
         result = train(config, progress=bar if main_rank else None)

@@ -316,9 +316,9 @@ class MixedPrecision:
         if every is not None and self.steps % every == 0 and self._counters is not None and not self._capturing:
             self._halt_if_limit(self._counters.read_max_consecutive())  # one host read every `every` steps
 
-    def _halt_if_limit(self, max_consec: float, scale: float | None = None) -> None:
+    def _halt_if_limit(self, max_consec: float, scale: float | None = None, streak: float | None = None) -> None:
         check_skip_limit(max_consec, self.max_consecutive_skips, step=self.steps, scale=scale,
-                         scaler=self.precision.use_scaler)
+                         scaler=self.precision.use_scaler, streak=streak)
 
     @property
     def last_skipped(self) -> torch.Tensor:
@@ -387,7 +387,7 @@ class MixedPrecision:
             scale = values[5]
         else:  # no scaler, or one restored from a checkpoint and not yet used (no device tensor yet)
             scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
-        self._halt_if_limit(max_consec, scale)
+        self._halt_if_limit(max_consec, scale, consec)
         return {"steps": self.steps, "skipped": int(skipped), "consecutive_skips": int(consec), "scale": scale,
                 "grad_norm": norm, "last_skipped": bool(last)}
 

@@ -17,16 +17,20 @@ from ampkit.errors import TrainingHalted
 __all__ = ["DeviceCounters", "check_skip_limit"]
 
 
-def check_skip_limit(max_consec: float, limit: int | None, *, step: int, scale: float | None, scaler: bool) -> None:
-    """Raise :class:`~ampkit.errors.TrainingHalted` when ``max_consec`` skipped steps in a row reach ``limit``."""
+def check_skip_limit(max_consec: float, limit: int | None, *, step: int, scale: float | None, scaler: bool,
+                     streak: float | None = None) -> None:
+    """Raise :class:`~ampkit.errors.TrainingHalted` when ``max_consec`` skipped steps in a row reach ``limit``.
+    ``streak``: the skips in a row up to ``step`` when read with it (the error's ``first_bad_step`` then
+    names where the streak began)."""
     if limit is None or max_consec < limit:
         return
     at = f" (scale {scale:g})" if scale is not None else ""
+    first = step - int(streak) + 1 if streak is not None and streak >= limit else None
     raise TrainingHalted(
         f"{int(max_consec)} optimizer steps in a row had non-finite gradients{at}: training stopped at "
         f"step {step}. Find the cause with `ampkit diagnose SCRIPT` "
         + ("(and try --precision bf16 where the card has it, or a lower learning rate)"
-           if scaler else "(and try a lower learning rate or --precision fp32)"))
+           if scaler else "(and try a lower learning rate or --precision fp32)"), step=step, first_bad_step=first)
 
 
 class DeviceCounters:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampkit import distributed as dist_mod
-from ampkit.choices import FP8_RECIPES
+from ampkit.choices import FP8_LAYERS, FP8_RECIPES
 from ampkit.engine.config import AmpConfig
 from ampkit.engine.regions import normalize_fp32_modules
 from ampkit.errors import UsageError
@@ -71,11 +71,15 @@ class TrainConfig:
     stop_signal: str | None = None
     stop_check_every: int = 10
     graph: bool | None = None
-    fp8_recipe: str = "tensorwise"  # with precision "fp8": torchao's "tensorwise" or "rowwise" scaling
+    fp8_recipe: str = "tensorwise"  # with precision "fp8": torchao's "tensorwise", "rowwise" or "rowwise_with_gw_hp"
+    # with precision "fp8": "paying", the layers the FP8 cost model predicts faster; "eligible", all the filter allows
+    fp8_layers: str = "paying"
 
     def validate(self) -> None:
         if self.fp8_recipe not in FP8_RECIPES:
-            raise UsageError(f"fp8_recipe must be 'tensorwise' or 'rowwise', got {self.fp8_recipe!r}")
+            raise UsageError(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_layers not in FP8_LAYERS:
+            raise UsageError(f"fp8_layers must be one of {', '.join(FP8_LAYERS)}, got {self.fp8_layers!r}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps must be a positive number of optimizer steps, got {self.steps}")
         for name in ("log_every", "accumulation_steps", "keep"):

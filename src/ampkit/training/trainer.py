@@ -24,6 +24,7 @@ from ampkit import distributed as dist_mod
 from ampkit.device import detect_device
 from ampkit.device.policy import Precision, bf16_advice
 from ampkit.engine.monitor import ScaleMonitor
+from ampkit.errors import TrainingHalted
 from ampkit.tasks import Task
 from ampkit.training.callbacks import Callback, TrainState
 from ampkit.training.config import TrainConfig
@@ -31,6 +32,7 @@ from ampkit.training.loop import batch_to, evaluate, train_loop
 from ampkit.training.metrics import MetricsSink
 from ampkit.training.resume import resume
 from ampkit.training.setup import Run, build_run, make_optimizer
+from ampkit.training.record import record_halt, run_record, write_record
 from ampkit.training.stop import StopRequest
 
 __all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "batch_to", "Callback", "TrainState"]
@@ -82,7 +84,7 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     run = None
     try:
         run = build_run(config, ctx, device, task=task, precision=precision)
-        return _train(run, progress)
+        return _train(run, progress, given_task=task is not None)
     finally:
         if run is not None and run.regions is not None:
             run.regions.remove()  # the task's model leaves as it came
@@ -92,8 +94,11 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
             ctx.close()
 
 
-def _train(run: Run, progress: Progress | None) -> TrainResult:
+def _train(run: Run, progress: Progress | None, *, given_task: bool = False) -> TrainResult:
     start, resumed_from = resume(run)
+    record = run_record(run, start=start, given_task=given_task) if run.out is not None else None
+    if record is not None and run.main:
+        write_record(run.out, record)
     prec, task = run.precision, run.task
     monitor = ScaleMonitor(floor=run.amp.min_scale, advice=bf16_advice(prec)) if prec.use_scaler else None
     sink = MetricsSink(run.out, write=run.main, resumed_at=start, tensorboard=run.config.tensorboard,
@@ -105,6 +110,8 @@ def _train(run: Run, progress: Progress | None) -> TrainResult:
     run.device.reset_peak_memory_stats()
     try:
         done = train_loop(run, start, sink, stop)
+    except TrainingHalted as exc:
+        raise _halted(run, record, exc) from exc
     finally:
         sink.close()
     if done.interrupted_by and run.ctx is not None:
@@ -134,3 +141,27 @@ def _train(run: Run, progress: Progress | None) -> TrainResult:
         step_graph=done.graph_captured,
         step_graph_fallback=None if done.graph_captured else (done.graph_fallback or run.graph_blocker),
     )
+
+
+def _halted(run: Run, record: dict[str, Any] | None, exc: TrainingHalted) -> TrainingHalted:
+    """The skip limit's halt, naming the last good checkpoint (kept by rotation: :mod:`ampkit.checkpoint.rotation`)
+    and the replay that finds the op; the run record says the same for ``ampkit diagnose --replay``."""
+    head = str(exc).split(". Find the cause", 1)[0]
+    if run.out is None or record is None:
+        return TrainingHalted(f"{head}. Train with --out DIR to keep a record and checkpoints that `ampkit diagnose "
+                              "--replay DIR` replays to find the op", step=exc.step, first_bad_step=exc.first_bad_step)
+    good = run.ckpts.last_good() if run.ckpts is not None else None
+    if good is not None:
+        where = f"the last good checkpoint is {good[1]} (step {good[0]}, before the skips began)"
+    elif run.ckpts is not None and int(record.get("start_step") or 0) == 0:
+        where = ("no checkpoint is from before the skips began, so the replay starts from step 0, which the "
+                 "seed rebuilds (--ckpt-every K keeps a checkpoint to start from)")
+    else:
+        where = "no checkpoint is from before the skips began (--ckpt-every K keeps one)"
+    message = (f"{head}; {where}. Find the op with `ampkit diagnose --replay {run.out}`"
+               + (" (and try --precision bf16 where the card has it, or a lower learning rate)"
+                  if run.precision.use_scaler else " (or try a lower learning rate)"))
+    if run.main:
+        record_halt(run.out, record, step=exc.step or 0, first_bad_step=exc.first_bad_step, last_good=good,
+                    message=message)
+    return TrainingHalted(message, step=exc.step, first_bad_step=exc.first_bad_step)

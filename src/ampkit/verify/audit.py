@@ -43,7 +43,7 @@ from ampkit.device.policy import Precision, resolve_precision
 from ampkit.verify.record import (BACKWARD, CATEGORIES, LOW, OUTSIDE, OpRecord, _AutocastState,  # noqa: F401
                                   _dtype_name, _first_tensor, _module_hooks, _Recorder, _SHORT, _State)
 
-__all__ = ["audit", "audit_task", "AuditResult", "OpRecord", "Surprise", "CATEGORIES", "OUTSIDE", "BACKWARD"]
+__all__ = ["audit", "audit_task", "result_from_records", "audit_from_dict", "AuditResult", "OpRecord", "Surprise", "CATEGORIES", "OUTSIDE", "BACKWARD"]
 
 @dataclass(frozen=True)
 class Surprise:
@@ -285,7 +285,13 @@ def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], 
             regions.remove()
         for p in model.parameters():
             p.grad = saved_grads.get(id(p))
-    records = state.records
+    return result_from_records(state.records, model, precision, output_dtype, notes, names)
+
+
+def result_from_records(records: list[OpRecord], model: nn.Module, precision: Precision, output_dtype: str | None,
+                        notes: list[str], names: tuple[str, ...] = ()) -> AuditResult:
+    """The audit of recorded ops (``model``: where hand-cast weights are looked for; ``names``: declared FP32
+    regions). Also what ``ampkit audit SCRIPT`` builds from a script's first optimizer step."""
     mm = [r for r in records if r.matmul and r.category != "cast"]
     fwd = [r for r in mm if r.phase == "forward"]
     return AuditResult(
@@ -302,6 +308,19 @@ def _run(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], 
         notes=tuple(notes),
         declared=tuple(_declared(records, names)),
     )
+
+
+def audit_from_dict(d: dict[str, Any]) -> AuditResult:
+    """An :class:`AuditResult` back from its ``to_dict()`` (the audit of a script comes from its own process)."""
+    ops = tuple(OpRecord(**{k: tuple(v) if isinstance(v, list) else v for k, v in o.items()}) for o in d["ops"])
+    mm = [r for r in ops if r.matmul and r.category != "cast"]
+    fwd = [r for r in mm if r.phase == "forward"]
+    return AuditResult(precision=d["precision"], dtype=d["dtype"], device=d["device"], output_dtype=d["output_dtype"],
+                       ops=ops, surprises=tuple(Surprise(**x) for x in d["surprises"]),
+                       matmul_flops=sum(r.flops for r in mm), low_matmul_flops=sum(r.flops for r in mm if r.category == "low"),
+                       forward_matmul_flops=sum(r.flops for r in fwd),
+                       forward_low_matmul_flops=sum(r.flops for r in fwd if r.category == "low"),
+                       notes=tuple(d["notes"]), declared=tuple(d["declared"]))
 
 
 def _regions(model: nn.Module, fp32_modules: Any, precision: Precision) -> Any:

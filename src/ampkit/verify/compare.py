@@ -11,8 +11,8 @@ What is run: for each seed, the task is built once, its initial weights are copi
 in FP32 and then, from those same weights and the same ``batch(step)`` stream, in the AMP precision.
 Both runs use the trainer (:func:`ampkit.training.trainer.train`) with evaluation on.
 
-How the verdict is reached: :mod:`ampkit.verify.band` (pure functions; the margins are its module
-constants, documented in the README under "The verdict").
+How the verdict is reached: :func:`ampkit.verify.judge.judge`, a paired equivalence test over the
+seeds (pure functions; docs/commands/compare.md, "The verdict").
 
 With ``fp32_modules`` the AMP runs keep those modules in FP32 (:mod:`ampkit.engine.regions`), and the cost of
 each region (step time and peak memory with and without it) is measured and reported. With
@@ -31,7 +31,7 @@ import itertools
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,77 +40,17 @@ from ampkit.device import Device, detect_device
 from ampkit.errors import UsageError
 from ampkit.device.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
-from ampkit.verify.band import (BAND_REL, BAND_SIGMAS, MARGINS, MAX_SKIP_SHARE, METRIC_ABS, METRIC_REL,
-                                MIN_OUT_POINTS, Verdict, band, judge)
+from ampkit.verify.band import MARGINS
+from ampkit.verify.judge import SETTINGS, Verdict, judge
+from ampkit.verify.result import CompareResult
 from ampkit.verify.runs import Run, RunPlan, median, outcome
 
-__all__ = ["compare", "CompareResult", "band", "BAND_SIGMAS", "BAND_REL", "METRIC_ABS", "METRIC_REL",
-           "MAX_SKIP_SHARE", "MIN_OUT_POINTS", "write_outputs"]
+__all__ = ["compare", "CompareResult", "judge_runs", "write_outputs"]
 
 TARGET_POINTS = 40  # logged points per curve when log_every is not given
 
 Progress = Callable[[dict[str, Any]], None]
 TaskFactory = Callable[..., Task] | str
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareResult:
-    """The verdict and everything behind it. ``to_dict()`` is what ``compare.json`` holds."""
-
-    verdict: str  # "pass" | "fail"
-    reasons: tuple[str, ...]
-    warnings: tuple[dict[str, Any], ...]
-    notes: tuple[str, ...]
-    task: str
-    task_description: str
-    precision: str
-    precision_reason: str
-    seeds: tuple[int, ...]
-    steps: int
-    log_every: int
-    device: dict[str, Any]
-    versions: dict[str, Any]
-    curves: dict[str, dict[int, list[list[float | None]]]]
-    band: dict[str, Any]
-    final_metric: dict[str, Any]
-    throughput: dict[str, Any]
-    memory: dict[str, Any]
-    ratios: dict[str, float | None]
-    skipped: dict[str, Any]
-    scale_trace: dict[int, list[list[float]]] | None
-    audit: dict[str, Any] | None
-    margins: dict[str, float]
-    wall_s: float
-    report: str | None = None
-    files: tuple[str, ...] = field(default_factory=tuple)
-    fp32_modules: tuple[str, ...] = ()  # the AMP runs' FP32 regions, as given
-    regions: dict[str, Any] | None = None  # matched module names and the cost of each region
-    explain: dict[str, Any] | None = None  # compare --explain: ranking, candidates, recommendation
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["curves"] = {k: {str(s): v for s, v in c.items()} for k, c in self.curves.items()}
-        if self.scale_trace is not None:
-            d["scale_trace"] = {str(s): v for s, v in self.scale_trace.items()}
-        d["reasons"], d["warnings"], d["notes"], d["seeds"], d["files"], d["fp32_modules"] = (
-            list(self.reasons), list(self.warnings), list(self.notes), list(self.seeds), list(self.files),
-            list(self.fp32_modules))
-        return _finite_or_none(d)
-
-
-def _finite_or_none(obj: Any) -> Any:
-    """NaN/Inf become None so that compare.json is strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_none(v) for v in obj]
-    return obj
 
 
 # ---------------------------------------------------------------------------------------- set-up
@@ -124,7 +64,7 @@ def _task_maker(task_factory: TaskFactory, options: dict[str, Any] | None, dev: 
 def _seed_list(seeds: int | Sequence[int], steps: int | None) -> list[int]:
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
-        raise UsageError("--seeds must be at least 1 (2 or more measure the seed-to-seed spread)")
+        raise UsageError("--seeds must be at least 1 (3 or more can show AMP within the tolerance)")
     if len(set(seed_list)) != len(seed_list):
         raise UsageError(f"seeds must be distinct, got {seed_list}")
     if steps is not None and steps < 1:
@@ -249,8 +189,8 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             device: Device | str | None = None, task_options: dict[str, Any] | None = None,
             lr: float | None = None, run_audit: bool = True, out: str | Path | None = None,
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,
-            explain_budget: float | None = None, explain_factor: float = 2.0, graph: bool | None = None
-            ) -> CompareResult:
+            explain_budget: float | None = None, explain_factor: float = 2.0, graph: bool | None = None,
+            tolerance: float | None = None) -> CompareResult:
     """Train in FP32 and in ``precision`` from the same seeds, weights and data; return the verdict.
 
     Args:
@@ -258,24 +198,25 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             callable ``factory(seed=...) -> ampkit.Task``.
         precision: the AMP precision to judge (``"auto"``: the device's recommended low precision), or a
             resolved :class:`~ampkit.device.policy.Precision` (then its device is used and ``device`` ignored).
-        seeds: how many seeds (0..N-1), or the seeds themselves. Two or more give a measured spread.
+        seeds: how many seeds (0..N-1), or the seeds themselves. The verdict sharpens with every seed;
+            one seed can fail or be inconclusive, never pass.
         steps: optimizer steps per run (default: the task's ``default_steps``).
         log_every: steps per point of the loss curves (default: about 40 points per curve).
+        tolerance: the harm you accept, relative to the FP32 value (default 1 %, at least one counting
+            error for an accuracy): :mod:`ampkit.verify.judge`.
         fp32_modules: modules the AMP runs keep in FP32 (names, globs, ``"preset:norm"``; see
             :mod:`ampkit.engine.regions`); the cost of each region is measured and reported in ``regions``.
         explain: rank the modules by the error they add and, after a FAIL, try fixes (``explain``).
         explain_budget: seconds the explanation may take; default ``explain_factor`` (2) times the
             comparison's own time.
-        graph: both precisions train with the whole step captured as one device graph where possible
-            (None, the default; see ``TrainConfig.graph``), so the speed-up compares precisions, not launch
-            overheads; then short eager runs also give the eager speed-up (``ratios["speedup_eager"]``).
-            False: eager steps only (``--no-graph``).
+        graph: the step captured as one device graph where possible (None, the default; see
+            ``TrainConfig.graph``), and short eager runs for ``ratios["speedup_eager"]``; False: eager only.
         out: when given, write ``compare.json``, ``report.html`` and the PNG plots there.
         progress: called with event dicts (``compare_start``, ``run_start``, the trainer's events
             with a ``run`` key, ``run_end``, ``audit``, ``explain``, ``report``); nothing here prints.
 
-    Raises :class:`~ampkit.errors.UsageError` when ``precision`` is (or resolves to) FP32: there is
-    nothing to compare against.
+    Raises :class:`~ampkit.errors.UsageError` when ``precision`` is (or resolves to) FP32, or ``tolerance``
+    is not a positive number.
 
     Examples:
         >>> result = ampkit.compare("mytask.py:make_task", precision="fp16", explain=True)  # doctest: +SKIP
@@ -284,43 +225,16 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     """
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
-    seed_list = _seed_list(seeds, steps)
-    _check_budget(explain_budget, explain_factor)
-    if out is not None:
-        prepare_folder(out)  # before minutes of training, not after
-    fp32_prec, amp_prec = _precisions(precision, device)
-    regions = _fp32_modules(fp32_modules)
-    dev = amp_prec.device
-    make = _task_maker(task_factory, task_options, dev)
-    first_task = make(seed_list[0])
-    total_steps = steps or first_task.default_steps
-    plan = RunPlan(make=make, seeds=tuple(seed_list), steps=total_steps,
-                   log_every=log_every or max(1, total_steps // TARGET_POINTS), lr=lr, fp32=fp32_prec, amp=amp_prec,
-                   first_task=first_task, graph=graph)
-    region_names = _check_regions(first_task, regions, amp_prec)
-    label = amp_prec.name.upper()
-    emit({"event": "compare_start", "runs": 2 * len(seed_list), "task": first_task.name, "precision": amp_prec.name,
-          "reason": amp_prec.reason, "device": str(dev), "steps": total_steps, "seeds": seed_list,
-          "fp32_modules": list(regions)})
-
+    _check_numbers(explain_budget, explain_factor, tolerance)
+    plan, regions, region_names = _plan(task_factory, precision, device, task_options, seeds, steps, log_every, lr,
+                                        graph, fp32_modules, out)
+    emit({"event": "compare_start", "runs": 2 * len(plan.seeds), "task": plan.first_task.name,
+          "precision": plan.amp.name, "reason": plan.amp.reason, "device": str(plan.amp.device), "steps": plan.steps,
+          "seeds": list(plan.seeds), "fp32_modules": list(regions)})
     run_notes: list[str] = []
     runs = _run_all(plan, regions, emit, run_notes)
-    metric_name = runs["amp"][seed_list[0]].metric
-    higher = first_task.higher_is_better if metric_name != "training loss" else False
-    verdict = judge(label=label, fp32={s: outcome(r) for s, r in runs["fp32"].items()},
-                    amp={s: outcome(r) for s, r in runs["amp"].items()}, metric=metric_name,
-                    higher_is_better=higher, bf16_advice=bf16_advice(amp_prec) if amp_prec.use_scaler else None)
-    throughput, memory, ratios, perf_notes = _perf(runs, dev, label)
-    perf_notes += _eager_too(plan, runs, ratios, label, emit)
-    notes = list(verdict.notes) + run_notes + perf_notes
-    audit_summary = None
-    if run_audit:
-        emit({"event": "audit"})
-        audit_summary = _audit(plan, regions, notes)
-    region_info = _region_info(plan, regions, region_names, emit) if regions else None
-    result = _result(plan, first_task, verdict, runs, throughput=throughput, memory=memory, ratios=ratios,
-                     notes=notes, audit=audit_summary, fp32_modules=regions, regions=region_info,
-                     wall_s=time.perf_counter() - t0)
+    verdict = judge_runs(plan, runs, tolerance)
+    result = _measure(plan, runs, verdict, regions, region_names, run_notes, emit, run_audit, t0)
     if explain:
         emit({"event": "explain"})
         from ampkit.verify.explain import explain as run_explain
@@ -333,6 +247,58 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         emit({"event": "report", "out": str(out)})
         result = write_outputs(result, out)
     return result
+
+
+def _plan(task_factory: TaskFactory, precision: Precision | str, device: Device | str | None,
+          task_options: dict[str, Any] | None, seeds: int | Sequence[int], steps: int | None, log_every: int | None,
+          lr: float | None, graph: bool | None, fp32_modules: Any, out: str | Path | None
+          ) -> tuple[RunPlan, tuple[str, ...], tuple[str, ...]]:
+    """Everything checked before minutes of training: (the plan, the FP32 region specs, the modules they match)."""
+    seed_list = _seed_list(seeds, steps)
+    if out is not None:
+        prepare_folder(out)
+    fp32_prec, amp_prec = _precisions(precision, device)
+    regions = _fp32_modules(fp32_modules)
+    make = _task_maker(task_factory, task_options, amp_prec.device)
+    first_task = make(seed_list[0])
+    total_steps = steps or first_task.default_steps
+    plan = RunPlan(make=make, seeds=tuple(seed_list), steps=total_steps,
+                   log_every=log_every or max(1, total_steps // TARGET_POINTS), lr=lr, fp32=fp32_prec, amp=amp_prec,
+                   first_task=first_task, graph=graph)
+    return plan, regions, _check_regions(first_task, regions, amp_prec)
+
+
+def judge_runs(plan: RunPlan, runs: dict[str, dict[int, Run]], tolerance: float | None = None,
+               fp32: dict[int, Run] | None = None) -> Verdict:
+    """The paired verdict (:func:`ampkit.verify.judge.judge`) of a comparison's runs (``fp32`` replaces its FP32
+    side: explain's reruns at another learning rate)."""
+    first = runs["amp"][plan.seeds[0]] if plan.seeds[0] in runs["amp"] else next(iter(runs["amp"].values()))
+    task = plan.first_task
+    higher = task.higher_is_better if first.metric != "training loss" else False
+    count = task.extra.get("n_test") if task.extra and first.metric == task.metric else None
+    fp32_runs = runs["fp32"] if fp32 is None else fp32
+    return judge(label=plan.amp.name.upper(), fp32={s: outcome(r) for s, r in fp32_runs.items()},
+                 amp={s: outcome(r) for s, r in runs["amp"].items()}, metric=first.metric, higher_is_better=higher,
+                 bf16_advice=bf16_advice(plan.amp) if plan.amp.use_scaler else None, tolerance=tolerance,
+                 metric_count=count if isinstance(count, int) else None)
+
+
+def _measure(plan: RunPlan, runs: dict[str, dict[int, Run]], verdict: Verdict, regions: tuple[str, ...],
+             region_names: tuple[str, ...], run_notes: list[str], emit: Progress, run_audit: bool, t0: float
+             ) -> CompareResult:
+    """Speed, memory, the audit and the regions' cost (never the verdict), and the result."""
+    label = plan.amp.name.upper()
+    throughput, memory, ratios, perf_notes = _perf(runs, plan.amp.device, label)
+    perf_notes += _eager_too(plan, runs, ratios, label, emit)
+    notes = list(verdict.notes) + run_notes + perf_notes
+    audit_summary = None
+    if run_audit:
+        emit({"event": "audit"})
+        audit_summary = _audit(plan, regions, notes)
+    region_info = _region_info(plan, regions, region_names, emit) if regions else None
+    return _result(plan, plan.first_task, verdict, runs, throughput=throughput, memory=memory, ratios=ratios,
+                   notes=notes, audit=audit_summary, fp32_modules=regions, regions=region_info,
+                   wall_s=time.perf_counter() - t0)
 
 
 EAGER_STEPS = 60  # steps of each short eager run that measures the eager speed-up beside the graphed one
@@ -361,8 +327,9 @@ def _eager_too(plan: RunPlan, runs: dict[str, dict[int, Run]], ratios: dict[str,
             + ("" if graph_speedup >= eager else "; here eager steps are as fast: keep amp.step")]
 
 
-def _check_budget(explain_budget: float | None, explain_factor: float) -> None:
-    for name, value in (("--explain-budget", explain_budget), ("explain_factor", explain_factor)):
+def _check_numbers(explain_budget: float | None, explain_factor: float, tolerance: float | None) -> None:
+    for name, value in (("--explain-budget", explain_budget), ("explain_factor", explain_factor),
+                        ("--tolerance", tolerance)):
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise UsageError(f"{name} must be a positive number, got {value!r}")
 
@@ -399,7 +366,7 @@ def _result(plan: RunPlan, task: Task, verdict: Verdict, runs: dict[str, dict[in
         device={"type": dev.type, "name": dev.name, "str": str(dev)}, versions=_versions(dev),
         curves={side: {s: outcome(r).curve for s, r in runs[side].items()} for side in runs},
         band=verdict.band, final_metric=verdict.final_metric, skipped={**verdict.skipped, "steps": plan.steps},
-        scale_trace=scale_trace, margins=dict(MARGINS), **extra)
+        scale_trace=scale_trace, margins={**MARGINS, **SETTINGS}, effects=verdict.effects, **extra)
 
 
 def write_outputs(result: CompareResult, out: str | Path) -> CompareResult:

@@ -4,18 +4,20 @@
 >>> result.explain["recommendation"]["flags"]                                          # doctest: +SKIP
 '--fp32-modules norm'
 
-1. **Where.** The seed whose AMP curve leaves the FP32 band first is followed to that step (the FP32
+1. **Where.** The seed whose AMP curve leaves FP32 first (:attr:`Verdict.exits`) is followed to that step (the FP32
    run is retrained to it from the same seed: same weights, same batches) and, at the start and at
    that step, one batch is run in FP32 and in the AMP precision: :func:`ampkit.verify.locate.module_errors`
    ranks the modules by the error they add and names overflow / underflow / absorbed inf inside them.
    When only the final metric failed, the step is the last one.
 2. **What fixes it** (only after a FAIL). Candidates are tried with reruns of the AMP side from the
-   same seeds, initial weights and data, judged against the comparison's own FP32 band by the same
-   rules (:mod:`ampkit.verify.band`); a rerun stops at its first non-finite loss or failing seed.
+   same seeds, initial weights and data, judged against the comparison's own FP32 runs by the same
+   paired judge (:mod:`ampkit.verify.judge`, with the comparison's tolerance); a rerun stops at its first
+   non-finite loss, skipped share or scale collapse. Only a FAIL is searched: an inconclusive verdict
+   needs more seeds, not a fix.
    In order, stopping at the first that passes: the top-ranked module kept in FP32
    (``fp32_modules``), then every module that stands out, bisected down to the fewest that pass; the
    other low precision where the card has it (FP16 with loss scaling for BF16, and the reverse);
-   half the learning rate (FP32 is rerun too: the band moves with it). Each tried candidate records
+   half the learning rate (FP32 is rerun too: the reference moves with it). Each tried candidate records
    its verdict and its measured speed and peak memory.
 3. **Bounded.** Nothing starts that the remaining budget (default: twice the comparison's time)
    cannot pay for, estimated from the comparison's own run times; a candidate that runs out of time
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ampkit.device.policy import Precision, resolve_precision, supports
-from ampkit.verify.band import RunOutcome, Verdict, band, judge, seed_reasons
+from ampkit.verify.band import RunOutcome, seed_reasons
+from ampkit.verify.judge import Verdict, judge
 from ampkit.verify.locate import module_errors
 from ampkit.verify.runs import Abort, Run, RunPlan, median, outcome
 
@@ -82,12 +85,12 @@ def _secs(x: float) -> str:
 
 # ---------------------------------------------------------------------------------------- where
 def _focus(verdict: Verdict, plan: RunPlan) -> tuple[int, int | None]:
-    """(seed, step): the seed that leaves the band first and that step; the last step when only the end failed."""
+    """(seed, step): the seed that leaves FP32 first and that step; the last step when only the end failed."""
     exits = {s: k for s, k in verdict.exits.items() if k is not None}
     if exits:
         seed = min(exits, key=lambda s: (exits[s], s))
         return seed, exits[seed]
-    return plan.seeds[0], (plan.steps if not verdict.passed else None)
+    return plan.seeds[0], (plan.steps if verdict.verdict == "fail" else None)
 
 
 def _scale_at(run: Run, step: int, precision: Precision) -> float:
@@ -179,8 +182,8 @@ def _watchdog(label: str, seed: int, emit: Progress) -> Progress:
     return watch
 
 
-def _rerun(ctx: _Ctx, precision: Precision, regions: tuple[str, ...], lr: float | None,
-           fp32: dict[int, RunOutcome], b: dict[str, list]) -> tuple[dict[int, Run], list[str], str | None]:
+def _rerun(ctx: _Ctx, precision: Precision, regions: tuple[str, ...], lr: float | None
+           ) -> tuple[dict[int, Run], list[str], str | None]:
     """AMP reruns seed by seed; (runs, early failure reasons, why it stopped unfinished or None)."""
     label = precision.name.upper()
     done: dict[int, Run] = {}
@@ -193,7 +196,7 @@ def _rerun(ctx: _Ctx, precision: Precision, regions: tuple[str, ...], lr: float 
         except Abort as exc:
             return done, [str(exc)], None
         done[seed] = run
-        early = seed_reasons(seed, outcome(run), b, label)
+        early = seed_reasons(seed, outcome(run), label)
         if early:
             return done, early, None
     return done, [], None
@@ -225,15 +228,15 @@ def _try(ctx: _Ctx, kind: str, change: str, *, precision: Precision, regions: tu
     unfinished = "the explain budget ran out" if fp32 is None else None
     runs, reasons = {}, []
     if fp32 is not None:
-        b = band({s: o.curve for s, o in fp32.items()})
-        runs, reasons, unfinished = _rerun(ctx, precision, regions, lr, fp32, b)
+        runs, reasons, unfinished = _rerun(ctx, precision, regions, lr)
     if unfinished:
         verdict = "unfinished"
     elif reasons:
         verdict = "fail"
     else:
         v = judge(label=precision.name.upper(), fp32=fp32, amp={s: outcome(r) for s, r in runs.items()},
-                  metric=ctx.metric, higher_is_better=ctx.higher)
+                  metric=ctx.metric, higher_is_better=ctx.higher, tolerance=ctx.verdict.tolerance,
+                  metric_count=ctx.verdict.metric_count)
         verdict, reasons = v.verdict, list(v.reasons)
     entry.update(verdict=verdict, reasons=reasons, unfinished=unfinished, seeds_run=sorted(runs),
                  wall_s=time.perf_counter() - t0, **_cost(ctx, runs))
@@ -377,10 +380,10 @@ def _summary(ctx: _Ctx, seed: int, step: int | None, ranking: list[dict[str, Any
     label = ctx.plan.amp.name.upper()
     out = []
     if step is not None and ctx.verdict.exits.get(seed) is not None:
-        out.append(f"where: {label} leaves the FP32 band at step {step} (seed {seed}); modules ranked at step 0 "
+        out.append(f"where: {label} leaves FP32 for good at step {step} (seed {seed}); modules ranked at step 0 "
                    f"and step {step}")
     elif step is not None:
-        out.append(f"where: the curves stay in the band, the final metric fails; modules ranked at step 0 and at "
+        out.append(f"where: the loss curves stay within the tolerance, the final metric does not; modules ranked at step 0 and at "
                    f"the last step ({step}, seed {seed})")
     top = [e for e in ranking if not e["module"].startswith("(")][:3]
     if top:
@@ -395,8 +398,11 @@ def _summary(ctx: _Ctx, seed: int, step: int | None, ranking: list[dict[str, Any
                    + (f" ({c['reasons'][0]})" if c["verdict"] != "pass" and c.get("reasons") else ""))
     if rec is not None:
         out.append(f"fix: {rec['change']}: {rec['flags']} (PASS in the reruns); python: {rec['python']}")
+    elif ctx.verdict.verdict == "inconclusive":
+        out.append("inconclusive: no fix is searched for a harm that is not shown; run more --seeds (the reasons say "
+                   "about how many)")
     elif not ctx.verdict.passed:
-        out.append("no candidate brought the run back inside the FP32 band" + (
+        out.append("no candidate brought the run back within the tolerance of FP32" + (
             " within the budget" if any(c["verdict"] in ("unfinished", "not tried") for c in candidates) else ""))
     return out
 
@@ -427,9 +433,9 @@ def explain(plan: RunPlan, verdict: Verdict, runs: dict[str, dict[int, Run]], *,
     if reference_bad:
         ctx.notes.append("the FP32 reference itself failed: fix the task (learning rate, data) first; "
                          "no precision change can be judged against it")
-    candidates = [] if verdict.passed or reference_bad else _search(ctx, ranking)
+    candidates = [] if verdict.verdict != "fail" or reference_bad else _search(ctx, ranking)
     rec = _recommend(ctx, candidates)
-    return {"trigger": "requested" if verdict.passed else "fail", "seed": seed, "steps_ranked": sorted(rankings),
+    return {"trigger": "requested" if verdict.verdict != "fail" else "fail", "seed": seed, "steps_ranked": sorted(rankings),
             "exit_step": verdict.exits.get(seed), "ranking": ranking[:TOP], "candidates": candidates,
             "recommendation": rec, "summary": _summary(ctx, seed, step, ranking, candidates, rec),
             "notes": ctx.notes, "budget_s": budget_s, "wall_s": time.perf_counter() - t0}

@@ -16,10 +16,9 @@ import html
 import io
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ampkit.verify.compare import CompareResult
+from ampkit.verify.result import CompareResult
 
 __all__ = ["write_report", "render_html", "plot_pngs"]
 
@@ -52,7 +51,7 @@ def _style(ax: Any) -> None:
     ax.tick_params(labelsize=8)
 
 
-def _loss_plot(r: "CompareResult") -> bytes:
+def _loss_plot(r: CompareResult) -> bytes:
     b = r.band
     amp = r.precision.upper()
     fig = _figure(7.6, 3.9)
@@ -61,8 +60,6 @@ def _loss_plot(r: "CompareResult") -> bytes:
     ok = [i for i, v in enumerate(b["upper"]) if v is not None]
     xs = [steps[i] for i in ok]
     # Only an upward exit fails (a lower loss is not harm), so the allowed region drawn is lo..upper.
-    ax.fill_between(xs, [b["lo"][i] for i in ok], [b["upper"][i] for i in ok], color=FP32_COLOR,
-                    alpha=0.13, linewidth=0, label="allowed (up to FP32 max + margin)")
     ax.fill_between(xs, [b["lo"][i] for i in ok], [b["hi"][i] for i in ok], color=FP32_COLOR, alpha=0.35,
                     linewidth=0, label=f"FP32 seeds min-max ({len(r.seeds)} seeds)")
     for k, (seed, pts) in enumerate(r.curves["amp"].items()):
@@ -80,13 +77,13 @@ def _loss_plot(r: "CompareResult") -> bytes:
         ax.set_yscale("log")
     ax.set_xlabel("optimizer step", fontsize=9)
     ax.set_ylabel("training loss" + (" (log scale)" if positive else ""), fontsize=9)
-    ax.set_title(f"Loss: {amp} against the FP32 seed band", fontsize=10, loc="left")
+    ax.set_title(f"Loss: {amp} (each seed) over the FP32 seeds' range", fontsize=10, loc="left")
     _style(ax)
     ax.legend(fontsize=8, frameon=False)
     return _png(fig)
 
 
-def _metric_plot(r: "CompareResult") -> bytes | None:
+def _metric_plot(r: CompareResult) -> bytes | None:
     m = r.final_metric
     if not m.get("fp32") or not m.get("amp"):
         return None
@@ -101,7 +98,7 @@ def _metric_plot(r: "CompareResult") -> bytes | None:
             ax.hlines(mean, x - 0.22, x + 0.22, color=color, linewidth=2)
     allowed = m.get("allowed")
     if allowed:
-        ax.axhspan(allowed[0], allowed[1], color=FP32_COLOR, alpha=0.12, label="allowed range")
+        ax.axhspan(allowed[0], allowed[1], color=FP32_COLOR, alpha=0.12, label="FP32 mean ± tolerance")
         ax.legend(fontsize=8, frameon=False, loc="lower center")
     ax.set_xticks([0, 1], labels)
     ax.set_xlim(-0.6, 1.6)
@@ -110,16 +107,16 @@ def _metric_plot(r: "CompareResult") -> bytes | None:
     return _png(fig)
 
 
-def _perf_plot(r: "CompareResult") -> bytes:
+def _perf_plot(r: CompareResult) -> bytes:
     fig = _figure(7.6, 2.6)
     ax1, ax2 = fig.subplots(1, 2)
     labels = ["FP32", r.precision.upper()]
     colors = [FP32_COLOR, AMP_COLOR]
     sps = [r.throughput.get("fp32") or 0.0, r.throughput.get("amp") or 0.0]
     bars = ax1.bar(labels, sps, color=colors, width=0.55)
-    ax1.bar_label(bars, labels=[f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
+    ax1.bar_label(bars, labels=[f"{v:,.2f}" if max(sps) < 10 else f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
     sp = r.ratios.get("speedup")
-    ax1.set_title("Throughput, samples/s" + (f" (speed-up {sp:.2f}x)" if sp else ""), fontsize=10, loc="left")
+    ax1.set_title(f"Throughput, {r.throughput.get('unit', 'samples/s')}" + (f" (speed-up {sp:.2f}x)" if sp else ""), fontsize=10, loc="left")
     ax1.margins(y=0.18)
     _style(ax1)
     mem = [r.memory.get("fp32"), r.memory.get("amp")]
@@ -141,7 +138,7 @@ def _perf_plot(r: "CompareResult") -> bytes:
     return _png(fig)
 
 
-def _scale_plot(r: "CompareResult") -> bytes | None:
+def _scale_plot(r: CompareResult) -> bytes | None:
     if not r.scale_trace:
         return None
     fig = _figure(7.6, 2.9)
@@ -157,7 +154,7 @@ def _scale_plot(r: "CompareResult") -> bytes | None:
     return _png(fig)
 
 
-def _module_error_plot(r: "CompareResult") -> bytes | None:
+def _module_error_plot(r: CompareResult) -> bytes | None:
     """compare --explain: the error each module adds (forward and backward, relative to FP32), log scale."""
     rows = [m for m in (r.explain or {}).get("ranking", []) if not m["module"].startswith("(")][:12]
     if not rows:
@@ -185,7 +182,7 @@ def _module_error_plot(r: "CompareResult") -> bytes | None:
     return _png(fig)
 
 
-def plot_pngs(r: "CompareResult") -> dict[str, bytes]:
+def plot_pngs(r: CompareResult) -> dict[str, bytes]:
     """``{file name: PNG bytes}`` for the figures this result has (scale only for FP16, modules with explain)."""
     out = {"loss.png": _loss_plot(r)}
     scale = _scale_plot(r)
@@ -206,7 +203,7 @@ _CSS = """
 *{box-sizing:border-box}body{margin:0;font:15px/1.5 -apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;
 color:#111827;background:#f3f4f6}main{max-width:1080px;margin:0 auto;padding:24px}
 .verdict{border-radius:14px;padding:22px 28px;color:#fff;margin-bottom:18px}
-.verdict.pass{background:#16a34a}.verdict.fail{background:#dc2626}
+.verdict.pass{background:#16a34a}.verdict.fail{background:#dc2626}.verdict.inconclusive{background:#d97706}
 .verdict h1{margin:0;font-size:44px;letter-spacing:.02em}.verdict p{margin:4px 0 0;font-size:16px;opacity:.95}
 .verdict ul{margin:10px 0 0;padding-left:22px;font-size:15px}
 .cards{display:grid;grid-template-columns:repeat(4,1fr);gap:12px;margin-bottom:18px}
@@ -256,7 +253,7 @@ def _fmt_metric(v: Any, rate: bool = False) -> str:
     return f"{v:.2%}" if rate else f"{v:.4g}"
 
 
-def _cards(r: "CompareResult") -> str:
+def _cards(r: CompareResult) -> str:
     m = r.final_metric
     amp = r.precision.upper()
     sp = r.ratios.get("speedup")
@@ -264,12 +261,13 @@ def _cards(r: "CompareResult") -> str:
     skipped = r.skipped.get("amp", {})
     total_skipped = sum(skipped.values())
     total_steps = r.steps * len(r.seeds)
-    rate = "percentage point" in str(m.get("margin_text", ""))
+    vals = [v for v in (m.get("fp32") or []) + (m.get("amp") or []) if v is not None]
+    rate = bool(vals) and all(0 <= v <= 1 for v in vals) and "loss" not in str(m.get("name"))
     cards = [
         (f"final {m.get('name', 'metric')}", f"{_fmt_metric(m.get('amp_mean'), rate)}",
          f"{amp}; FP32 {_fmt_metric(m.get('fp32_mean'), rate)}"),
         ("speed-up", f"{sp:.2f}x" if sp else "n/a",
-         f"{amp} vs FP32 samples/s" + (" (slower)" if sp is not None and sp < 1 else "")),
+         f"{amp} vs FP32 {r.throughput.get('unit', 'samples/s')}" + (" (slower)" if sp is not None and sp < 1 else "")),
         ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
          "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
         ("skipped steps", f"{total_skipped}", f"of {total_steps} {amp} steps"),
@@ -313,7 +311,7 @@ def _audit_section(audit: dict[str, Any] | None) -> str:
             f'<span class="tag fp64">fp64</span> FP64</p></section>')
 
 
-def _explain_section(r: "CompareResult", pngs: dict[str, bytes]) -> str:
+def _explain_section(r: CompareResult, pngs: dict[str, bytes]) -> str:
     e = r.explain
     if not e:
         return ""
@@ -336,7 +334,7 @@ def _explain_section(r: "CompareResult", pngs: dict[str, bytes]) -> str:
             f'{e.get("budget_s", 0):.0f} s budget.</p></section>')
 
 
-def _regions_section(r: "CompareResult") -> str:
+def _regions_section(r: CompareResult) -> str:
     if not r.regions:
         return ""
     rows = "".join(f'<tr><td><code>{_e(x["spec"])}</code></td><td>{_e(", ".join(x["names"]))}</td>'
@@ -355,17 +353,53 @@ def _ratio(v: Any) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def render_html(r: "CompareResult", pngs: dict[str, bytes]) -> str:
+def _bound(v: Any) -> str:
+    return "n/a" if v is None else f"{v:+.3%}"
+
+
+def _res(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3%}"
+
+
+def _effects_section(r: CompareResult) -> str:
+    """The paired tests behind the verdict: each judged quantity's effect, interval, tolerance and decision."""
+    eff = r.effects or {}
+    rows = []
+    for kind, items in (("verdict", eff.get("endpoints", [])), ("curve window", eff.get("windows", []))):
+        for e in items:
+            tag = {"pass": "low", "fail": "fp64", "inconclusive": "promoted"}.get(e["decision"], "fp32")
+            need = f'{e["seeds_to_decide"]} seeds' if e.get("seeds_to_decide") else ""
+            rows.append(f'<tr><td>{_e(e["name"])}</td><td>{_e(kind)}</td><td class="num">{_bound(e["mean"])}</td>'
+                        f'<td class="num">{_bound(e.get("lower"))} … {_bound(e.get("upper"))}</td>'
+                        f'<td class="num">{e["tolerance"]:.3%}</td><td class="num">{_res(e.get("detectable"))}</td>'
+                        f'<td><span class="tag {tag}">{_e(e["decision"])}</span></td><td>{_e(need)}</td></tr>')
+    if not rows:
+        return ""
+    alpha = eff.get("alpha", 0.05)
+    return (f'<section id="effects"><h2>The verdict: {r.precision.upper()} minus FP32, paired by seed</h2>'
+            f'<table><tr><th>quantity</th><th>role</th><th>harm (mean)</th><th>bounds (lower … upper)</th>'
+            f'<th>tolerance</th><th>resolution</th><th>decision</th><th>would decide</th></tr>{"".join(rows)}</table>'
+            f'<p class="note">Harm: how much worse {r.precision.upper()} is than FP32 on the same seed (same weights, '
+            f'same batches), relative to the FP32 value; positive is worse. Upper bound at {1 - alpha:.0%} one-sided '
+            f'(pass below the tolerance), lower bound Bonferroni-corrected over the judged quantities (fail above '
+            f'it). Resolution: how far from the tolerance a true harm must be for these seeds to decide it 80 % of '
+            f'the time. Curve windows locate where the curves part; they do not decide the verdict.</p></section>')
+
+
+def render_html(r: CompareResult, pngs: dict[str, bytes]) -> str:
     """The whole page as a string (images embedded)."""
     amp = r.precision.upper()
     verdict = r.verdict.upper()
     sub = (f"{_e(r.task)} · {amp} vs FP32 · {len(r.seeds)} seed{'s' if len(r.seeds) != 1 else ''} × {r.steps} steps"
            f" · {_e(r.device.get('name'))} ({_e(r.device.get('str'))})")
+    if r.source:
+        sub += (f'</p><p id="source">runs came from your script, unmodified: <code>{_e(r.task_description)}</code>, '
+                f'each run a fresh process, FP32 by switching every autocast and GradScaler off')
     if r.reasons:
         body = "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in r.reasons) + "</ul>"
     else:
-        body = (f"<p>{amp} stayed inside the FP32 seed band for the whole run, its final "
-                f"{_e(r.final_metric.get('name'))} is within the FP32 spread, no scale collapse, "
+        body = (f"<p>{amp} is within the tolerance of FP32 on every judged quantity (paired over "
+                f"{len(r.seeds)} seeds, one-sided {1 - r.margins.get('alpha', 0.05):.0%} bounds), no scale collapse, "
                 f"skipped steps within {r.margins['max_skip_share']:.0%}.</p>")
     warns = "".join(f'<div class="warn"><b>{_e(w.get("code"))}</b>: {_e(w.get("message"))}'
                     + (f' (seeds {_e(", ".join(map(str, w["seeds"])))})' if len(w.get("seeds") or []) > 1 else "")
@@ -377,10 +411,9 @@ def render_html(r: "CompareResult", pngs: dict[str, bytes]) -> str:
         metric = _img("metric.png", pngs["metric.png"], "final metric per seed", "narrow") if "metric.png" in pngs else ""
         figs.append(f'<section id="curves"><h2>Loss curves and final {_e(r.final_metric.get("name"))}</h2>'
                     f'<div class="row">{_img("loss.png", pngs["loss.png"], "loss curves")}{metric}</div>'
-                    f'<p class="note">Band: FP32 min-max per logged step, widened by max({r.margins["band_sigmas"]:g} σ, '
-                    f'{r.margins["band_rel"]:.0%} of the mean); σ from the range of the FP32 seeds. {amp} fails when it '
-                    f'leaves the band upwards for good (≥ {r.margins["min_out_points"]} points to the end) or turns '
-                    f'non-finite.</p></section>')
+                    f'<p class="note">Grey: the FP32 seeds\' min-max per logged step, for reading the curves; the '
+                    f'verdict comes from the paired differences below, not from this band.</p></section>')
+        figs.append(_effects_section(r))
     if "scale.png" in pngs:
         figs.append(f'<section id="scale"><h2>FP16 loss scale</h2>{_img("scale.png", pngs["scale.png"], "loss scale")}'
                     f'</section>')
@@ -404,7 +437,7 @@ def render_html(r: "CompareResult", pngs: dict[str, bytes]) -> str:
 """
 
 
-def write_report(r: "CompareResult", folder: Path) -> tuple[Path, list[Path]]:
+def write_report(r: CompareResult, folder: Path) -> tuple[Path, list[Path]]:
     """Write the PNGs and ``report.html`` into ``folder``; return ``(html path, png paths)``."""
     pngs = plot_pngs(r)
     paths = []
