@@ -1,5 +1,6 @@
 """Per-step overhead of ``ampkit diagnose`` on small models: the same training script run plainly and
-under diagnose in this interpreter, interleaved, repeated; the ratio of median step times.
+under diagnose in this interpreter, interleaved, repeated; the ratio of median step times, as CPU time of
+the training thread (``time.thread_time``: what a loaded shared machine distorts least) and as wall time.
 
     PYTHONPATH=src python benchmarks/diagnose_overhead.py [--repeats 5] [--steps 60] [--out FILE]
 
@@ -35,15 +36,15 @@ steps = int(sys.argv[1])
 LOOP = '''
 times = []
 for step in range(steps + 5):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     opt.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype={dtype}, enabled={amp}):
         loss = loss_fn(model(x), y)
     {backward}
     if step >= 5:
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0, time.thread_time() - c0))
 import ampkit_bench_sink
-ampkit_bench_sink.times.append(sum(times) / len(times))
+ampkit_bench_sink.times.append(tuple(sum(t[i] for t in times) / len(times) for i in (0, 1)))
 '''
 
 MLP = '''
@@ -102,7 +103,7 @@ def _write(folder: str, name: str, threads: int) -> str:
     return path
 
 
-def _plain(path: str, steps: int) -> float:
+def _plain(path: str, steps: int) -> tuple[float, float]:
     import ampkit_bench_sink
 
     saved = sys.argv[:]
@@ -114,13 +115,29 @@ def _plain(path: str, steps: int) -> float:
     return ampkit_bench_sink.times.pop()
 
 
-def _diagnosed(path: str, steps: int) -> float:
+def _diagnosed(path: str, steps: int) -> tuple[float, float]:
     import ampkit_bench_sink
     from ampkit.diagnose import diagnose_script
 
     result = diagnose_script(path, [str(steps)], steps=steps + 10)
     assert result.findings == (), result.findings
     return ampkit_bench_sink.times.pop()
+
+
+def _load() -> list[float] | None:
+    """The 1/5/15-minute load average: on a shared machine, how busy it was while measuring."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
 
 
 def main() -> None:
@@ -131,6 +148,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="workload names")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    load_before = _load()
     folder = tempfile.mkdtemp(prefix="ampkit-bench-")
     with open(os.path.join(folder, "ampkit_bench_sink.py"), "w") as fh:
         fh.write("times = []\n")
@@ -142,14 +160,17 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved: drift hits both alike
             plain.append(_plain(path, args.steps))
             diag.append(_diagnosed(path, args.steps))
-        ratios = [d / p for d, p in zip(diag, plain)]
-        results[name] = {
-            "plain_ms": round(statistics.median(plain) * 1e3, 3),
-            "diagnose_ms": round(statistics.median(diag) * 1e3, 3),
-            "ratio_median": round(statistics.median(ratios), 3),
-            "ratio_min": round(min(ratios), 3),
-            "ratio_max": round(max(ratios), 3),
-        }
+        results[name] = {}
+        for i, kind in ((1, "cpu"), (0, "wall")):  # CPU time of the training thread first: a loaded machine
+            p, d = [t[i] for t in plain], [t[i] for t in diag]  # inflates wall time far more than CPU time
+            ratios = [b / a for b, a in zip(d, p)]
+            results[name].update({
+                f"{kind}_plain_ms": round(statistics.median(p) * 1e3, 3),
+                f"{kind}_diagnose_ms": round(statistics.median(d) * 1e3, 3),
+                f"{kind}_ratio_median": round(statistics.median(ratios), 3),
+                f"{kind}_ratio_min": round(min(ratios), 3),
+                f"{kind}_ratio_max": round(max(ratios), 3),
+            })
         print(name, results[name], file=sys.stderr)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -158,7 +179,8 @@ def main() -> None:
         commit = None
     payload = {"benchmark": "diagnose per-step overhead (CPU)", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "git_commit": commit, "torch": torch.__version__, "python": platform.python_version(),
-               "cpus": os.cpu_count(), "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
+               "cpus": os.cpu_count(), "cpu_model": _cpu_model(), "threads": args.threads, "steps": args.steps,
+               "repeats": args.repeats, "load_average_before": load_before, "load_average_after": _load(),
                "workloads": results}
     text = json.dumps(payload, indent=2)
     print(text)

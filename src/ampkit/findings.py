@@ -148,6 +148,52 @@ _ALL: tuple[CodeInfo, ...] = (
        "to exactly 0 or 1 and the log then gives inf",
        "use `torch.nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` on the logits (drop the "
        "final sigmoid)"),
+    _c("accumulation-steps-every-microbatch", (DIAGNOSE,),
+       "gradient accumulation that steps the optimizer at every micro-batch",
+       "the gradients are summed over micro-batches (no `zero_grad` between steps) but `scaler.step` runs "
+       "at every one of them: each update applies a growing partial sum, usually of an undivided loss, so "
+       "the effective learning rate is up to N times too large and the run differs from one large batch",
+       "divide the loss by the number of micro-batches (`loss = loss / accum_steps`), and call "
+       "`scaler.step(optimizer)`, `scaler.update()` and `optimizer.zero_grad()` only every `accum_steps` "
+       "micro-batches (`if (i + 1) % accum_steps == 0:`)"),
+    _c("scaler-updated-twice", (DIAGNOSE,),
+       "one GradScaler updated more than once per iteration",
+       "a GradScaler shared by two models and updated after each model's step moves its scale twice "
+       "per iteration, and an overflow in one model's gradients lowers the scale for the other: torch's "
+       "AMP recipe for several models and optimizers updates the scaler once per iteration",
+       "call `scaler.step(opt_a)` and `scaler.step(opt_b)`, then `scaler.update()` once at the end of the "
+       "iteration; or give each model its own `torch.amp.GradScaler(device_type)`"),
+    _c("grad-penalty-not-unscaled", (DIAGNOSE,),
+       "a gradient penalty computed from scaled gradients",
+       "`torch.autograd.grad(scaler.scale(out), inputs, create_graph=True)` returns gradients multiplied by "
+       "the loss scale; a penalty built from them (WGAN-GP, R1) is off by the scale (its square for a "
+       "squared norm), so it dominates the loss and changes whenever the scale does",
+       "divide the gradients by the scale before using them: `inv_scale = 1.0 / scaler.get_scale()`, "
+       "`grads = [g * inv_scale for g in scaled_grads]` (torch's AMP examples, \"gradient penalty\"); or "
+       "compute the penalty from `torch.autograd.grad(out, ...)` of the unscaled output"),
+    _c("fp16-weights-without-master", (DIAGNOSE,),
+       "FP16 weights trained without a master copy or a GradScaler",
+       "after `model.half()` the optimizer updates the FP16 weights themselves: an update smaller than "
+       "the weight's rounding step (about 1/1000 of it) is lost, small gradients flush to zero without loss "
+       "scaling, and one large gradient overflows to inf; the first non-finite forward follows from that",
+       "remove `model.half()`: keep the weights in FP32 and run the forward under "
+       "`torch.autocast(device_type, dtype=torch.float16)` with `scaler = torch.amp.GradScaler(device_type)` "
+       "(`ampkit train --precision fp16`); or use BF16 where the card has it"),
+    _c("scaler-update-missing", (DIAGNOSE,),
+       "GradScaler stepped again without update()",
+       "torch refuses a second `scaler.step` / `scaler.unscale_` on an optimizer before `scaler.update()` "
+       "(\"unscale_() has already been called on this optimizer since the last update()\"): without "
+       "`update()` the scale never adapts and the inf checks of the last step are never consumed",
+       "call `scaler.update()` once per iteration, after `scaler.step(optimizer)` (after the last optimizer's "
+       "step when there are several)"),
+    _c("autograd-function-without-custom-fwd", (DIAGNOSE,),
+       "a custom autograd.Function under autocast without custom_fwd/custom_bwd",
+       "autocast casts the ops inside the Function's forward, but its backward runs outside autocast: the "
+       "incoming gradient is FP16/BF16 while the saved tensors are FP32, and a matmul between them fails "
+       "with a dtype mismatch (or silently runs in another precision)",
+       "decorate the Function's `forward` with `@torch.amp.custom_fwd(device_type=...)` and its `backward` "
+       "with `@torch.amp.custom_bwd(device_type=...)` (or `custom_fwd(device_type=..., cast_inputs=torch.float32)` "
+       "to run it in FP32)"),
     # Not defects of AMP use: how the script itself ended, when diagnose could not map it to a code above.
     _c("script-error", (DIAGNOSE,),
        "the script raised",

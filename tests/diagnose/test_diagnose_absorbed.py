@@ -19,7 +19,8 @@ def test_absorbed_overflow_names_module_op_flag_and_init_scale():
     result = diagnose_script(script("overflow_absorbed"))
     assert result.codes() == ["overflow-absorbed"], result.findings
     f = result.findings[0]
-    assert f.where.startswith("model.1 ") and "forward defined at overflow_absorbed.py:10" in f.where
+    assert f.where == "model.1 · " + os.path.relpath(script("overflow_absorbed")) + ":11"  # the op's own line
+    assert "overflow: in FP32 the result reaches" in f.message and "called at" in f.message
     assert "model.1 (HandNorm)" in f.message and "aten.pow" in f.message and "float16" in f.message
     assert "`ampkit train --fp32-modules 1`" in f.fix and 'fp32_modules=["1"]' in f.fix
     assert "`--init-scale 16384`" in f.fix  # where the GradScaler settled (and what --fp16-range recommends)

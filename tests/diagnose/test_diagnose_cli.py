@@ -39,7 +39,8 @@ def test_clean_script_exits_0_and_writes_empty_list(tmp_path, capsys):
 
 
 def test_script_args_pass_through(capsys):
-    assert main(["diagnose", "--steps", "5", os.path.join(SCRIPTS, "argv_probe.py"), "--lr", "0.1", "pos"]) == 0
+    # 3: the probe takes no training step ("nothing was checked"); a wrong argv would exit 1 (script-exit)
+    assert main(["diagnose", "--steps", "5", os.path.join(SCRIPTS, "argv_probe.py"), "--lr", "0.1", "pos"]) == 3
 
 
 def test_fp16_range_command(tmp_path, capsys):

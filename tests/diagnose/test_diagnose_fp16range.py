@@ -73,3 +73,30 @@ def test_script_mode_runs_with_autocast_and_scaler_off():
     assert report.steps == 2  # two steps taken; the third, begun and stopped, is not counted or recorded
     # FP32 run: the tiny FP16 values would have been zero; in FP32 they are measured, not zero
     assert all(r.grad_max is None or r.grad_max > 0 for r in report.modules)
+
+
+CORPUS2 = os.path.join(os.path.dirname(__file__), "corpus2")
+
+
+def test_overflow_inside_a_module_exits_1_and_matches_the_plain_run(capsys, monkeypatch):
+    from ampkit.cli import main
+
+    monkeypatch.chdir(CORPUS2)
+    assert main(["diagnose", "--fp16-range", "softmax_sum_overflow.py"]) == 1
+    out = capsys.readouterr().out
+    assert "op overflow:" in out and "aten.sum" in out and "op inside overflows" in out
+    report, error = fp16_range_script("softmax_sum_overflow.py")
+    assert error is None and report.overflow == () and report.keep_fp32 == ("model.head",)
+    assert [(o.module, o.op) for o in report.op_overflow] == [("model.head", "aten.sum")]
+    (plain,) = diagnose_script("softmax_sum_overflow.py").findings
+    assert plain.where.startswith("model.head ")  # the module the plain run reports
+
+
+def test_a_loss_on_float_logits_is_not_kept_in_fp32(monkeypatch):
+    from ampkit.cli import main
+
+    monkeypatch.chdir(CORPUS2)
+    report, error = fp16_range_script("range_loss_float.py")
+    assert error is None and report.keep_fp32 == () and report.overflow == () and report.op_overflow == ()
+    assert any("criterion runs on inputs the script casts with `.float()`" in n for n in report.notes)
+    assert main(["diagnose", "--fp16-range", "range_loss_float.py"]) == 0

@@ -13,16 +13,17 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "findings.md
 
 EXAMPLES = {
     "nonfinite-forward": """1. nonfinite-forward — a forward output became inf/NaN · step 0
-   where: model.2 · train.py:15
-   why:   the output of model.2 (Linear) became inf/NaN under cuda autocast to float16 at `aten.addmm.default` (float16) on inputs with max |x| 0.125, 11.2, 1.25e+04; FP16's largest finite value is 65504
-   fix:   keep `2` in FP32: `ampkit train --fp32-modules 2` (Python: `MixedPrecision(..., fp32_modules=["2"])`; ...); `ampkit diagnose --fp16-range SCRIPT` gives the initial loss scale (`--init-scale X`) ...""",
+   where: model.attn · attn_mask_fp16.py:29
+   why:   the output of model.attn (CausalSelfAttention) became inf/NaN under cpu autocast to float16 at `aten.mul` (float16) on inputs with max |x| 1: overflow: the constant -1e+09 does not fit float16 (largest finite value 65504): it becomes -inf (the module was called at attn_mask_fp16.py:44)
+   fix:   use a constant the low-precision dtype holds (`torch.finfo(scores.dtype).min` for a mask, or build the mask and add it in FP32); keep `attn` in FP32: `ampkit train --fp32-modules attn` ...""",
     "overflow-absorbed": """1. overflow-absorbed — an op overflowed inside a module whose output stayed finite · step 0
-   where: model.1 · train.py:20 (forward defined at train.py:10)
-   why:   an op inside model.1 (HandNorm) under cpu autocast to float16 produced inf/NaN while the module's output stayed finite: `aten.pow.Tensor_Scalar` (float16) on inputs with max |x| 713; FP16's largest finite value is 65504. A later op absorbed it (e.g. `x / inf` = 0), so the loss looks normal, the GradScaler never skips, and the result is silently wrong
-   fix:   keep `1` in FP32: `ampkit train --fp32-modules 1` (Python: `MixedPrecision(..., fp32_modules=["1"])`; ...); start the FP16 loss scale at `--init-scale 16384` (`torch.amp.GradScaler(device_type, init_scale=16384)`) ...""",
+   where: model.head · softmax_sum_overflow.py:15
+   why:   an op inside model.head (CosineHead) under cpu autocast to float16 produced inf/NaN while the module's output stayed finite: `aten.sum` (float16) on inputs with max |x| 2.2e+04: overflow: in FP32 the result reaches 2.46e+05, beyond float16's largest finite value 65504. A later op absorbed it (e.g. `x / inf` = 0), so the loss looks normal, the GradScaler never skips, and the result is silently wrong (the module was called at softmax_sum_overflow.py:36)
+   fix:   keep `head` in FP32: `ampkit train --fp32-modules head` (Python: `MixedPrecision(..., fp32_modules=["head"])`; ...); start the FP16 loss scale at `--init-scale 8192` (`torch.amp.GradScaler(device_type, init_scale=8192)`) ...""",
     "nonfinite-backward": """1. nonfinite-backward — a gradient became inf/NaN · step 0
-   where: model.1 · train.py:19 (forward defined at train.py:7)
-   why:   the backward of model.1 (Magnitude) turned finite gradients into inf/NaN at `aten.div.Tensor` (float32) ...""",
+   where: model.pool · stats_pool_eps.py:23
+   why:   the backward of model.pool (StatsPool) turned finite gradients into inf/NaN at `aten.div` (float16) on inputs with max |x| 0.00983, 0.35: underflow: the constant 1e-12 at stats_pool_eps.py:23 (`aten.add`) rounds to 0 in float16 (smallest positive value 5.96e-08), so it no longer keeps the divisor above 0: it divides by 0 (0/0 gives NaN, x/0 inf) in float16 (in the backward of `Sqrt`, SqrtBackward0); not the loss scale: with the scale (65536) divided out it is still inf/NaN, so the GradScaler skips every such step (the line is the forward op whose backward failed; ...)
+   fix:   use an eps the low-precision dtype holds (FP16: 1e-5 or more; its smallest positive value is 6e-08), or compute this op in FP32; guard the op against its singular point ...""",
     "clip-before-unscale": """1. clip-before-unscale — gradients clipped while still multiplied by the loss scale · step 0
    where: train.py:15
    why:   `clip_grad_value_` clips gradients still multiplied by the loss scale ...
@@ -63,6 +64,24 @@ EXAMPLES = {
     "bce-under-autocast": """1. bce-under-autocast — binary_cross_entropy under autocast · step 0
    where: vae.py:25
    why:   `binary_cross_entropy` (or `nn.BCELoss`) on bfloat16 probabilities under cpu autocast: CUDA and MUSA autocast refuse it as unsafe ...""",
+    "accumulation-steps-every-microbatch": """1. accumulation-steps-every-microbatch — gradient accumulation that steps the optimizer at every micro-batch · step 2
+   where: grad_accum_undivided.py:45
+   why:   `scaler.step` stepped the optimizer 3 times in a row on gradients that were never cleared in between (no `zero_grad` between the steps): the gradients accumulate over micro-batches but the update is applied at every micro-batch; the loss was not divided by the number of micro-batches, so each step applies up to N times the gradient""",
+    "scaler-updated-twice": """1. scaler-updated-twice — one GradScaler updated more than once per iteration · step 2
+   where: shared_scaler_gan.py:38
+   why:   one GradScaler is updated 2 times between two steps of the same optimizer (it is shared by 2 optimizers and `update()` runs after each): the scale grows and backs off twice as fast, and an overflow in one model's step lowers the scale for the other""",
+    "grad-penalty-not-unscaled": """1. grad-penalty-not-unscaled — a gradient penalty computed from scaled gradients · step 0
+   where: wgan_gp_unscaled.py:16
+   why:   `torch.autograd.grad` of a `scaler.scale(...)` output returns gradients multiplied by the loss scale (65536), and they reach the loss without being divided by it: a gradient penalty built from them is off by the scale (squared: 4.29e+09x for ||grad||^2)""",
+    "fp16-weights-without-master": """1. fp16-weights-without-master — FP16 weights trained without a master copy or a GradScaler · step 0
+   where: half_plain_optimizer.py:38
+   why:   6 of 6 parameters the optimizer updates are FP16 (`.half()`), with no GradScaler and no FP32 master copy: updates smaller than the weights' rounding step are lost, small gradients flush to zero, and a large one overflows to inf""",
+    "scaler-update-missing": """1. scaler-update-missing — GradScaler stepped again without update() · step 1
+   where: scaler_no_update.py:23
+   why:   the script raised RuntimeError: unscale_() is being called after step(): the GradScaler stepped (or unscaled) this optimizer again without `scaler.update()` after its previous step""",
+    "autograd-function-without-custom-fwd": """1. autograd-function-without-custom-fwd — a custom autograd.Function under autocast without custom_fwd/custom_bwd · step 0
+   where: custom_fn_no_custom_fwd.py:26
+   why:   the backward of the custom autograd.Function `LinearGELU` raised RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float: its forward ran under autocast (low-precision outputs), its backward runs outside autocast on FP32 saved tensors, and the dtypes meet in one op""",
     "script-error": """Traceback (most recent call last):
   File "train.py", line 7, in <module>
     ...

@@ -91,8 +91,10 @@ def test_replay_names_the_op_and_finds_precision(overflow_run):
     assert r.checkpoint_step == 30 and r.step == 31 and r.precision == "fp16"
     assert r.finding.code == "nonfinite-forward" and r.phase == "forward" and r.module == "mix"
     here = short_path(str(TASK_FILE))  # how every `where` names a file
-    assert r.finding.where.startswith(f"model.mix · {here}:{_line('# MIX CALL')}")
-    assert r.op == "aten.bmm.default"
+    # the op's own line (issue 29), the line that called the module in the message
+    assert r.finding.where == f"model.mix · {here}:{_line('# OVERFLOW LINE')}"
+    assert f"called at {here}:{_line('# MIX CALL')}" in r.finding.message
+    assert r.op == "aten.bmm"  # the op without its overload, as every finding names ops
     assert r.op_where == f"{here}:{_line('# OVERFLOW LINE')}"
     assert r.fp32_finite is True and r.cause == "precision"
     assert "--fp32-modules mix" in r.suggestion

@@ -16,7 +16,8 @@ EXAMPLES = """examples:
   ampkit diagnose --replay runs/x                 # a halted `ampkit train --out runs/x`: find the op
   ampkit diagnose --replay runs/x:120 --fix-check # replay step 120; check the suggested fix holds
 
-exit status: 0 no findings, 1 findings (or the script failed), 2 usage error.
+exit status: 0 no findings, 1 findings (or the script failed), 2 usage error, 3 nothing was checked
+(the script reached no optimizer step and no autocast region).
 Options go before SCRIPT; everything after SCRIPT is passed to it unchanged.
 """
 
@@ -58,6 +59,7 @@ def _positive(text: str) -> int:
 def run(args) -> int:
     from ampkit.diagnose import diagnose_script, fp16_range_script
 
+    _check_writable(args.json_file)  # before anything runs: a run is not thrown away at the end
     if args.replay is not None or args.fix_check:
         from ampkit.cli.replay import run_replay
 
@@ -72,12 +74,38 @@ def run(args) -> int:
         _write_json(args.json_file, payload)
         if args.json_file != "-":
             _render_range(report, error)
-        return 1 if (report.overflow or report.underflow or error) else 0
+        return 1 if (report.overflow or report.underflow or report.op_overflow or report.keep_fp32 or error) else 0
     result = diagnose_script(args.script, args.args, steps=args.steps or 50)
     _write_json(args.json_file, result.to_list())
     if args.json_file != "-":
         _render(result)
-    return 1 if result.findings else 0
+    if result.findings:
+        return 1
+    return 0 if result.checked else NOTHING_CHECKED
+
+
+NOTHING_CHECKED = 3  # docs/reference/errors.md, docs/commands/diagnose.md
+
+
+def _check_writable(target: str | None) -> None:
+    """``--json FILE`` must be writable before anything runs (one line, exit 2, instead of a lost run).
+    Probed by opening it for appending (an existing file is left as it is; one made here is removed)."""
+    import os
+
+    if target is None or target == "-":
+        return
+    full = os.path.abspath(target)
+    if os.path.isdir(full):
+        raise UsageError(f"cannot write --json {target}: it is a folder; pass a file path (or '-' for stdout)")
+    existed = os.path.exists(full)
+    try:
+        with open(full, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write --json {target}: {exc.strerror}; pass a path you can write "
+                         "(or '-' for stdout)") from None
+    if not existed:
+        os.remove(full)
 
 
 def _write_json(target: str | None, payload) -> None:
@@ -116,6 +144,11 @@ def _render(result) -> None:
 
         print(result.traceback, file=sys.stderr)
     out.print(f"\n[bold]ampkit diagnose[/] {escape(result.script)}: {result.steps} optimizer step(s), {escape(result.stopped)}")
+    if not result.findings and not result.checked:
+        out.print("[yellow]nothing was checked:[/] the script took no optimizer step and entered no autocast region, "
+                  "so no check had anything to look at (pass the arguments it needs after SCRIPT: "
+                  "`ampkit diagnose SCRIPT ARGS...`)")
+        return
     if not result.findings:
         out.print("[green]no findings[/]")
         return
@@ -163,6 +196,8 @@ def _render_range(report, error) -> None:
             flags.append("[red]grad overflows[/]")
         if (r.grad_zero_share_fp16 or 0) >= 0.5:
             flags.append("[yellow]grad underflows[/]")
+        if any(o.module == r.name for o in report.op_overflow):
+            flags.append("[red]op inside overflows[/]")
         name = f"{r.name} ({r.type})" if r.type else r.name
         t.add_row(escape(name), _num(r.act_max), _num(r.grad_max), _pct(r.grad_zero_share_fp16),
                   _pct(r.grad_subnormal_share_fp16), _pct(r.grad_zero_share_scaled), ", ".join(flags) or "ok")

@@ -14,6 +14,8 @@ installs around ``torch.autocast`` and ``Tensor.half`` / ``Tensor.to`` / ``Modul
 from __future__ import annotations
 
 import inspect
+import linecache
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +38,7 @@ class CastChecks:
     def __init__(self, inst: Instrumentation) -> None:
         self.inst = inst
         self._decided: dict[tuple[str, str], str | None] = {}
+        self._fp32: dict[int, weakref.ref] = {}  # tensors the script cast to FP32 (range mode)
 
     # ------------------------------------------------------------------ autocast
     def wrap_autocast_init(self, orig):
@@ -136,11 +139,13 @@ class CastChecks:
         return binary_cross_entropy
 
     # ------------------------------------------------------------------ manual casts
-    def _half_in_autocast(self, t: Any, what: str) -> None:
+    def _half_in_autocast(self, t: Any, what: str, follows_dtype_ok: bool = False) -> None:
         inst = self.inst
         frame = inst.user.caller_is_user(2)
         if frame is None:
             return
+        if follows_dtype_ok and ".dtype" in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+            return  # `mask.to(scores.dtype)`: follows the dtype autocast gave another tensor, not a cast to FP16
         dev = t.device.type if isinstance(t, torch.Tensor) else next((p.device.type for p in t.parameters()), "cpu")
         if not torch.is_autocast_enabled(dev):
             return
@@ -168,10 +173,41 @@ class CastChecks:
             if (not is_compiling() and not inst._paused and inst.mode == "diagnose"
                     and (kwargs.get("dtype") is torch.float16 or any(a is torch.float16 for a in args))
                     and t.is_floating_point()):
-                checks._half_in_autocast(t, "`.to(torch.float16)`")
-            return orig(t, *args, **kwargs)
+                checks._half_in_autocast(t, "`.to(torch.float16)`", follows_dtype_ok=True)
+            out = orig(t, *args, **kwargs)
+            if inst.mode == "range" and (kwargs.get("dtype") is torch.float32 or any(a is torch.float32 for a in args)):
+                checks._note_fp32(out)
+            return out
 
         return to
+
+    # ------------------------------------------------------------------ explicit FP32 (range mode)
+    # The FP32 run of --fp16-range cannot see which values the AMP run computes in FP32: a loss on
+    # `logits.float()` is FP32 there. The casts are noted so that the range report leaves such calls out.
+    def wrap_tensor_float(self, orig):
+        inst, checks = self.inst, self
+
+        def float_(t, *args, **kwargs):
+            out = orig(t, *args, **kwargs)
+            if inst.mode == "range" and not is_compiling():
+                checks._note_fp32(out)
+            return out
+
+        return float_
+
+    def _note_fp32(self, t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            if len(self._fp32) > 256:
+                self._fp32 = {k: r for k, r in self._fp32.items() if r() is not None}
+            self._fp32[id(t)] = weakref.ref(t)
+
+    def runs_in_fp32(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """A parameter-free module (a loss) called on a tensor the script cast with ``.float()``: FP32 in
+        the AMP run too."""
+        if next(module.parameters(), None) is not None:
+            return False
+        ins = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
+        return any((r := self._fp32.get(id(t))) is not None and r() is t for t in ins)
 
     def wrap_module_half(self, orig):
         inst, checks = self.inst, self
@@ -180,6 +216,7 @@ class CastChecks:
             if not is_compiling() and not inst._paused and inst.mode == "diagnose":
                 with inst.paused():
                     checks._half_in_autocast(module, "`module.half()`")
+                    inst.loop_checks.note_half(module)
             return orig(module)
 
         return half

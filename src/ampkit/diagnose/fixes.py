@@ -3,7 +3,7 @@ registry, :mod:`ampkit.findings`). Plain functions of plain values, so each is t
 
 from __future__ import annotations
 
-__all__ = ["keep_fp32_fix", "scale_text", "clip_fix"]
+__all__ = ["keep_fp32_fix", "scale_text", "clip_fix", "cause_fix"]
 
 
 def scale_text(scale: float) -> str:
@@ -29,3 +29,15 @@ def clip_fix(function: str) -> str:
     """``clip-before-unscale`` naming the clipping function the script called."""
     return (f"call `scaler.unscale_(optimizer)` before `torch.nn.utils.{function}(...)`, "
             "then `scaler.step(optimizer)` and `scaler.update()`")
+
+
+def cause_fix(cause: str, detail: str) -> str:
+    """The first thing to change for a classified non-finite op (see :mod:`ampkit.diagnose.oplocate`),
+    put before the generic fix; "" when the module-level fix is the one to give."""
+    if cause == "overflow" and detail.startswith("the constant"):
+        return ("use a constant the low-precision dtype holds (`torch.finfo(scores.dtype).min` for a mask, or build "
+                "the mask and add it in FP32); ")
+    if cause == "underflow":
+        return ("use an eps the low-precision dtype holds (FP16: 1e-5 or more; its smallest positive value is "
+                "6e-08), or compute this op in FP32; ")
+    return ""

@@ -127,6 +127,7 @@ class RangeRecorder:
         self._ops: dict[tuple[int, str, str], torch.Tensor] = {}  # (step, module, op) -> max |output|
         self.steps = 0
         self.closed = False
+        self.fp32_calls: set[str] = set()  # modules called on explicitly FP32 inputs (see record)
 
     def close(self) -> None:
         """The run stops before the current step's optimizer step: drop that step's partial records."""
@@ -148,10 +149,14 @@ class RangeRecorder:
             acc = self._acc[key] = _Acc(type_name)
         return acc
 
-    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, fp32: bool = False) -> None:
+        """One module call; ``fp32``: the AMP run computes this call in FP32 too (a loss on ``x.float()``),
+        so FP16's range does not apply to it or to its submodules."""
         outs = tensor_leaves(output)
         if not outs or self.closed:
             return
+        if fp32:
+            self.fp32_calls.add(self.tracker.name(module))
         dev = outs[0].device
         acc = self._get("module", self.tracker.name(module), type(module).__name__)
         with torch.no_grad():
@@ -184,6 +189,10 @@ class RangeRecorder:
         self.steps += 1
 
     # ------------------------------------------------------------------ the report
+    def _counted(self, name: str) -> bool:
+        """FP16's range applies: not a module (or inside one) the AMP run computes in FP32 anyway."""
+        return not any(name == n or name.startswith(n + ".") for n in self.fp32_calls)
+
     def report(self) -> RangeReport:
         def f(t):
             return None if t is None else float(t.cpu())
@@ -209,11 +218,11 @@ class RangeRecorder:
         for step in sorted(per_step):
             origins = [name for (kind, name), v in per_step[step].items()
                        if kind == "module" and v[0] is not None and v[0] > FP16_MAX
-                       and (v[1] is None or v[1] <= FP16_MAX)]
+                       and (v[1] is None or v[1] <= FP16_MAX) and self._counted(name)]
             # An op inside a module overflows although the module's input fits FP16 (absorbed or not).
             for module, op, m in ops.get(step, []):
                 inp = per_step[step].get(("module", module), (None, None))[1]
-                if m > FP16_MAX and (inp is None or inp <= FP16_MAX) and module not in origins:
+                if m > FP16_MAX and (inp is None or inp <= FP16_MAX) and module not in origins and self._counted(module):
                     origins.append(module)
             if origins:
                 keep = tuple(n for n in origins if not any(o != n and o.startswith(n + ".") for o in origins))
@@ -243,7 +252,7 @@ class RangeRecorder:
                 overflow_forward=act is not None and act > FP16_MAX,
                 overflow_backward_scaled=g is not None and g * scale > FP16_MAX,
             ))
-        overflow = tuple(r.name for r in rows if r.overflow_forward)
+        overflow = tuple(r.name for r in rows if r.overflow_forward and self._counted(r.name))
         under = tuple(r.name for r in rows if (r.grad_zero_share_fp16 or 0) >= 0.5)
         if scale_exp < 0:
             notes.append(f"gradients reach {gmax:.3g}: even scale 1 overflows FP16; keep the named modules in FP32 "
@@ -252,10 +261,12 @@ class RangeRecorder:
             notes.append("the FP32 run itself produced inf/NaN: magnitudes after that point are not meaningful")
         if not rows:
             notes.append("no module ran: nothing recorded")
+        for name in sorted(self.fp32_calls):
+            notes.append(f"{name} runs on inputs the script casts with `.float()`: FP32 in the AMP run too, not counted")
         op_rows: dict[tuple[str, str], float] = {}
         for step in used:
             for module, op, m in ops.get(step, []):
-                if m > FP16_MAX:
+                if m > FP16_MAX and self._counted(module):
                     op_rows[(module, op)] = _fmax([op_rows.get((module, op)), m])
         op_overflow = tuple(OpRange(module=mod, op=op, max=m, module_output_max=merged.get(("module", mod), (None,))[0])
                             for (mod, op), m in op_rows.items())

@@ -37,6 +37,7 @@ from ampkit.diagnose.casts import CastChecks
 from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.fp16range import RangeRecorder, recommended_scale
 from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
+from ampkit.diagnose.loop_checks import LoopChecks
 from ampkit.diagnose.nonfinite import NonFiniteLocator
 from ampkit.diagnose.opwatch import OpWatch
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
@@ -74,6 +75,7 @@ class Instrumentation:
         self.scaler_checks = ScalerChecks(self)
         self.cast_checks = CastChecks(self)
         self.host_reads = HostReads(self)
+        self.loop_checks = LoopChecks(self)
 
     # ------------------------------------------------------------------ results
     @property
@@ -147,8 +149,14 @@ class Instrumentation:
         self._patch(ac, "__enter__", casts.wrap_autocast_enter)
         self._patch(torch.Tensor, "half", casts.wrap_tensor_half)
         self._patch(torch.Tensor, "to", casts.wrap_tensor_to)
+        if self.mode == "range":
+            self._patch(torch.Tensor, "float", casts.wrap_tensor_float)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
         self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
+        loop = self.loop_checks
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            self._patch(owner, "zero_grad", loop.wrap_zero_grad)
+        self._patch(torch.autograd, "grad", loop.wrap_autograd_grad)
         for name in SYNC_NAMES:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
         self._patch(warnings, "warn", self._wrap_warn)
@@ -216,7 +224,8 @@ class Instrumentation:
                 if frame is not None:
                     frame.call = call
             else:
-                self.recorder.record(module, args, kwargs, output)
+                self.recorder.record(module, args, kwargs, output,
+                                     fp32=self.tracker.depth == 0 and self.cast_checks.runs_in_fp32(module, args, kwargs))
             dev = _first_device(output)
             if dev is not None:
                 self.devices_seen.add(dev)
@@ -253,7 +262,8 @@ class Instrumentation:
 
     def _flush(self) -> None:
         flags = self.watch.take_flags() if self.watch is not None else []
-        for f in self.locator.flush(report_backward=not self._scaled_this_step, op_flags=flags):
+        scale = self.scaler_checks.loss_scale() if self._scaled_this_step else None
+        for f in self.locator.flush(report_backward=not self._scaled_this_step, op_flags=flags, loss_scale=scale):
             self.add(f, key=(f.code,))
 
     def init_scale_hint(self) -> float | None:
@@ -302,6 +312,8 @@ class Instrumentation:
                 self.recorder.record_ops(self.watch.take_maxima() if self.watch is not None else {})
                 self.recorder.record_params(optimizer_params(optimizer))
             else:
+                if not self._scaled_this_step:
+                    self.loop_checks.check_fp16_weights(optimizer)
                 self._flush()
                 if not self._scaled_this_step and any(d == torch.float16 for _, d in self._step_dtypes):
                     self.scaler_checks.check_underflow(optimizer)

@@ -23,10 +23,10 @@ from functools import partial
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampkit.diagnose.findings import Finding, fix_for
-from ampkit.diagnose.fixes import keep_fp32_fix
+from ampkit.diagnose.fixes import cause_fix, keep_fp32_fix
+from ampkit.diagnose.oplocate import OpHit, first_nonfinite_backward, first_nonfinite_op
 from ampkit.diagnose.opwatch import OpFlag
 from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
 
@@ -54,77 +54,6 @@ class _GradEvent:
     call: _Call
     kind: str  # "in" (gradient w.r.t. an input) or "out" (w.r.t. an output)
     ok: torch.Tensor
-
-
-@dataclass(frozen=True)
-class OpHit:
-    """The first aten op that produced inf/NaN."""
-
-    op: str
-    out_dtype: str
-    input_max: tuple[float, ...]
-    inputs_finite: bool
-    module: Any = field(default=None, compare=False)  # the innermost module running the op (re-run)
-
-    def describe(self) -> str:
-        mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
-        text = f"`{self.op}` ({self.out_dtype}) on inputs with max |x| {mags}"
-        if self.out_dtype == "float16":
-            text += f"; FP16's largest finite value is {FP16_MAX:g}"
-        if not self.inputs_finite:
-            text += " (its inputs were already non-finite)"
-        return text
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}" if math.isfinite(x) else str(x)
-
-
-class _FirstNonFinite(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hit: OpHit | None = None
-        self.fallback: OpHit | None = None
-        self.stack: list[torch.nn.Module] = []  # modules running (filled by first_nonfinite_op's hooks)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.hit is None:
-            outs = tensor_leaves(out)
-            if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
-                ins = tensor_leaves((args, kwargs or {}))
-                finite = all(bool(torch.isfinite(t).all()) for t in ins)
-                mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
-                hit = OpHit(str(func), str(outs[0].dtype).replace("torch.", ""), mags[:4], finite,
-                            self.stack[-1] if self.stack else None)
-                if finite:
-                    self.hit = hit
-                elif self.fallback is None:
-                    self.fallback = hit
-        return out
-
-
-def first_nonfinite_op(fn: Callable[[], Any]) -> OpHit | None:
-    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite,
-    with the innermost module that ran it."""
-    mode = _FirstNonFinite()
-
-    def enter(module, args):
-        mode.stack.append(module)
-
-    def leave(module, args, *rest):  # returns None: a forward hook's return value replaces the output
-        if mode.stack:
-            mode.stack.pop()
-
-    mm = torch.nn.modules.module
-    handles = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(leave, always_call=True)]
-    try:
-        with mode:
-            fn()
-    finally:
-        for h in handles:
-            h.remove()
-    return mode.hit or mode.fallback
 
 
 class NonFiniteLocator:
@@ -187,11 +116,14 @@ class NonFiniteLocator:
         self._roots_called.clear()
 
     # ------------------------------------------------------------------ reading
-    def flush(self, *, report_backward: bool = True, op_flags: list[OpFlag] | None = None) -> list[Finding]:
+    def flush(self, *, report_backward: bool = True, op_flags: list[OpFlag] | None = None,
+              loss_scale: float | None = None) -> list[Finding]:
         """Read this step's flags (one transfer per device) and return at most one forward and one
-        backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss:
-        inf gradients are then its business (see ``scale-collapse``). ``op_flags`` are the op
-        watch's FP16/BF16 op outputs of the step (``overflow-absorbed``)."""
+        backward finding. ``report_backward=False`` when an enabled GradScaler scaled the loss
+        by ``loss_scale``: an inf gradient is then its business (see ``scale-collapse``), unless the
+        module's backward re-run on the gradients with the scale divided out is still inf/NaN (a
+        structural defect such as the derivative of ``sqrt(0)``). ``op_flags`` are the op watch's
+        FP16/BF16 op outputs of the step (``overflow-absorbed``)."""
         calls, events = self.calls, self.events
         op_flags = op_flags or []
         self.calls, self.events = [], []
@@ -222,21 +154,32 @@ class NonFiniteLocator:
             if op_bad is not None and not self.absorbed:
                 findings.append(self._absorbed_finding(op_flags[op_bad]))
                 self.absorbed = True
-        if events and report_backward:
+        if events and (report_backward or loss_scale):
             oks = _read([e.ok for e in events])
             bad = next((i for i, ok in enumerate(oks) if not ok), None)
             if bad is not None:
-                findings.append(self._backward_finding(events[_producer(events, oks, bad)]))
-                self.done = True
+                found = self._backward_finding(events[_producer(events, oks, bad)],
+                                               None if report_backward else loss_scale)
+                if found is not None:
+                    findings.append(found)
+                    self.done = True
         return findings
 
-    def _where(self, call: _Call) -> str:
-        """``model.1 · train.py:19`` plus where the module's forward is defined when it is user code."""
-        text = f"{self.tracker.name(call.module)} · {call.where}"
+    def _where(self, call: _Call, hit: OpHit | None = None, module: torch.nn.Module | None = None) -> str:
+        """``model.attn · attn.py:27``: the module path and the user's line of the failing op (the re-run
+        found it); else the line that called the module plus where its ``forward`` is defined."""
+        name = self.tracker.name(module if module is not None else call.module)
+        if hit is not None and hit.where:
+            return f"{name} · {hit.where}"
+        text = f"{name} · {call.where}"
         fwd = getattr(type(call.module).forward, "__code__", None)
         if fwd is not None and self.tracker.user.is_user_file(fwd.co_filename):
             text += f" (forward defined at {os.path.basename(fwd.co_filename)}:{fwd.co_firstlineno})"
         return text
+
+    @staticmethod
+    def _called(call: _Call, hit: OpHit | None) -> str:
+        return f" (the module was called at {call.where})" if hit is not None and hit.where else ""
 
     def _forward_finding(self, call: _Call, inputs_finite: bool) -> Finding:
         who = self.tracker.describe(call.module)
@@ -253,16 +196,18 @@ class NonFiniteLocator:
         dt, enabled, dtype = call.autocast
         region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
         detail = f" at {hit.describe()}" if hit else ""
-        module, where, message = call.module, self._where(call), f"the output of {who} became inf/NaN{region}{detail}"
+        module, where = call.module, self._where(call, hit)
+        message = f"the output of {who} became inf/NaN{region}{detail}{self._called(call, hit)}"
         if hit is not None and hit.module is not None and hit.module is not getattr(module, "_orig_mod", module):
             # Inside a torch.compile'd model (its submodules' hooks do not run there) the re-run names
             # the innermost module that ran the op.
             module = hit.module
-            where = f"{self.tracker.name(module)} · {call.where}"
+            where = self._where(call, hit, module) if hit.where else f"{self.tracker.name(module)} · {call.where}"
             message = (f"the output of {who} became inf/NaN{region}; it starts in {self.tracker.describe(module)} "
-                       f"at {hit.describe()}")
+                       f"at {hit.describe()}{self._called(call, hit)}")
+        first = cause_fix(hit.cause, hit.detail) if hit is not None else ""
         return Finding(code="nonfinite-forward", message=message, where=where,
-                       fix=_keep_fp32(self, call, module=module), step=call.step)
+                       fix=first + _keep_fp32(self, call, module=module), step=call.step)
 
     def _absorbed_finding(self, flag: OpFlag) -> Finding:
         call = flag.frame.call
@@ -275,13 +220,29 @@ class NonFiniteLocator:
             code="overflow-absorbed",
             message=f"an op inside {who}{region} produced inf/NaN while the module's output stayed finite: "
                     f"{op}. A later op absorbed it (e.g. `x / inf` = 0), so the loss looks normal, the "
-                    "GradScaler never skips, and the result is silently wrong",
-            where=self._where(call),
+                    f"GradScaler never skips, and the result is silently wrong{self._called(call, hit)}",
+            where=self._where(call, hit),
             fix=_keep_fp32(self, call, measure_scale=True), step=call.step)
 
-    def _backward_finding(self, event: _GradEvent) -> Finding:
+    def _backward_finding(self, event: _GradEvent, loss_scale: float | None = None) -> Finding | None:
+        """The finding for a non-finite gradient; with ``loss_scale`` (a GradScaler scaled the loss) only
+        when the re-run on the unscaled gradients still gives inf/NaN, else None (the scaler skips it)."""
         call = event.call
         who = self.tracker.describe(call.module)
+        if loss_scale is not None:
+            if event.kind == "out":
+                return None
+            hit = self._rerun(call, backward=True, grad_scale=1.0 / loss_scale)
+            if hit is None or not hit.inputs_finite:
+                return None
+            return Finding(
+                code="nonfinite-backward",
+                message=f"the backward of {who} turned finite gradients into inf/NaN at {hit.describe()}; not the loss "
+                        f"scale: with the scale ({loss_scale:g}) divided out it is still inf/NaN, so the GradScaler "
+                        f"skips every such step (the line is the forward op whose backward failed; the module was "
+                        f"called at {call.where})",
+                where=self._where(call, hit), fix=cause_fix(hit.cause, hit.detail) + fix_for("nonfinite-backward"),
+                step=call.step)
         if event.kind == "out":
             return Finding(
                 code="nonfinite-backward",
@@ -292,8 +253,11 @@ class NonFiniteLocator:
         detail = f" at {hit.describe()}" if hit else ""
         return Finding(
             code="nonfinite-backward",
-            message=f"the backward of {who} turned finite gradients into inf/NaN{detail}",
-            where=self._where(call), fix=fix_for("nonfinite-backward"), step=call.step)
+            message=f"the backward of {who} turned finite gradients into inf/NaN{detail}"
+                    + (f" (the line is the forward op whose backward failed; the module was called at {call.where})"
+                       if hit is not None and hit.where else ""),
+            where=self._where(call, hit), step=call.step,
+            fix=(cause_fix(hit.cause, hit.detail) if hit is not None else "") + fix_for("nonfinite-backward"))
 
     def complete_fixes(self, findings: list[Finding], init_scale: float | None) -> list[Finding]:
         """The FP16 keep-in-FP32 fixes with the initial loss scale the run showed (None: not known)."""
@@ -303,7 +267,7 @@ class NonFiniteLocator:
                 else f for f in findings]
 
     # ------------------------------------------------------------------ re-running one module
-    def _rerun(self, call: _Call, *, backward: bool) -> OpHit | None:
+    def _rerun(self, call: _Call, *, backward: bool, grad_scale: float = 1.0) -> OpHit | None:
         """Run the module again on its saved inputs (same autocast state) and find the first bad op."""
         module = getattr(call.module, "_orig_mod", call.module)  # a compiled model re-runs eagerly
         dev_type, enabled, dtype = call.autocast
@@ -314,15 +278,15 @@ class NonFiniteLocator:
                 args, kwargs = _detach((call.args, call.kwargs), requires_grad=backward)
                 if not backward:
                     with torch.no_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
-                        return first_nonfinite_op(lambda: module(*args, **kwargs))
-                with torch.enable_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
-                    out = module(*args, **kwargs)
-                outs = [t for t in tensor_leaves(out) if t.requires_grad]
+                        return first_nonfinite_op(lambda: module(*args, **kwargs), self.tracker.user)
+
+                def forward():
+                    with torch.enable_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
+                        return module(*args, **kwargs)
+
                 ins = [t for t in tensor_leaves((args, kwargs)) if t.requires_grad]
-                grads = call.grads_out[: len(outs)]
-                if not ins or len(grads) != len(outs):
-                    return None
-                return first_nonfinite_op(lambda: torch.autograd.grad(outs, ins, grads, allow_unused=True))
+                grads = [g * grad_scale for g in call.grads_out] if grad_scale != 1.0 else call.grads_out
+                return first_nonfinite_backward(forward, ins, grads, self.tracker.user)
         except Exception:  # noqa: BLE001 - user code of any kind: a module that cannot be re-run still gets its finding
             return None
         finally:

@@ -19,7 +19,8 @@ import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
 from ampkit.diagnose.fp16range import RangeReport
-from ampkit.diagnose.instrument import Instrumentation, StopRun
+from ampkit.diagnose.instrument import Instrumentation
+from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import is_ampkit_file, short_path
 from ampkit.errors import AmpkitError, UsageError, first_line
 
@@ -33,7 +34,9 @@ class DiagnoseResult:
     ``steps``: optimizer steps the script took; ``stopped``: why it ended (``"finished"``,
     ``"step budget"``, ``"exit N"``, ``"exception"`` or the reason a finding stopped it);
     ``error``: the script's exception as one line, or None; ``traceback``: the script's own
-    traceback (its frames, without ampkit's and runpy's), or None.
+    traceback (its frames, without ampkit's and runpy's), or None; ``checked``: False when the
+    script reached no optimizer step and no enabled autocast region, so no check had anything to
+    look at (no findings then means nothing, not "no defects").
     """
 
     script: str
@@ -42,6 +45,7 @@ class DiagnoseResult:
     stopped: str
     error: str | None = None
     traceback: str | None = None
+    checked: bool = True
 
     @property
     def ok(self) -> bool:
@@ -132,7 +136,8 @@ def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: in
         if not isinstance(error, SystemExit):
             tb = script_traceback(error, inst.user.is_user_file)
     return DiagnoseResult(script=path, findings=tuple(inst.findings), steps=inst.step, stopped=stopped,
-                          error=None if error is None else _error_line(error), traceback=tb)
+                          error=None if error is None else _error_line(error), traceback=tb,
+                          checked=inst.step > 0 or bool(inst.step_dtypes_seen))
 
 
 def _error_line(error: BaseException) -> str:
@@ -186,8 +191,12 @@ def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None
         return Finding(code="fp16-params-with-scaler", message=f"the script raised {line}", where=where,
                        fix=fix_for("fp16-params-with-scaler"), step=inst.step)
     if "binary_cross_entropy" in low and "autocast" in low:
-        return Finding(code="bce-under-autocast", message=f"the script raised {line}", where=where,
-                       fix=fix_for("bce-under-autocast"), step=inst.step)
+        return Finding(code="bce-under-autocast", message=f"the script raised {line}: CUDA and MUSA autocast refuse "
+                       "`binary_cross_entropy` / `nn.BCELoss` as unsafe (a sigmoid in low precision saturates to 0 "
+                       "or 1 and the log gives inf)", where=where, fix=fix_for("bce-under-autocast"), step=inst.step)
+    amp = _amp_error(exc, low, line, where, inst)
+    if amp is not None:
+        return amp
     low_dtypes = {d for _, d in inst.step_dtypes_seen}
     if any(m in low for m in _NO_KERNEL_MARKERS) and (low_dtypes or "not implemented for" in low):
         return Finding(code="dtype-unsupported",
@@ -204,6 +213,50 @@ def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None
     fix = (f"device errors are reported late and at the wrong line: rerun with `{hint} python SCRIPT ...` "
            "to stop at the failing op and see the C++ stack" if device_error else fix_for("script-error"))
     return Finding(code="script-error", message=f"the script raised {line}", where=where, fix=fix, step=inst.step)
+
+
+_UPDATE_MISSING = ("unscale_() has already been called on this optimizer since the last update()",
+                   "step() has already been called since the last update()")
+_DTYPE_MISMATCH = ("same dtype", "expected scalar type", "but found", "dtype mismatch", "expected both")
+
+
+def _amp_error(exc: BaseException, low: str, line: str, where: str, inst: Instrumentation) -> Finding | None:
+    """torch's own AMP errors as AMP advice: a GradScaler stepped twice without ``update()``, and a
+    custom ``autograd.Function`` whose backward (run outside autocast) mixes dtypes."""
+    after_step = "unscale_() is being called after step()" in low and inst.scaler_checks.update_missing()
+    if after_step or any(m.lower() in low for m in _UPDATE_MISSING):
+        return Finding(code="scaler-update-missing",
+                       message=f"the script raised {line.rstrip('.')}: the GradScaler stepped (or unscaled) this optimizer again "
+                               "without `scaler.update()` after its previous step", where=where,
+                       fix=fix_for("scaler-update-missing"), step=inst.step)
+    if not any(m in low for m in _DTYPE_MISMATCH):
+        return None
+    fn = _failing_function(exc)
+    if fn is None:
+        return None
+    name, decorated = fn
+    if decorated or not inst.step_dtypes_seen:
+        return None
+    return Finding(code="autograd-function-without-custom-fwd",
+                   message=f"the backward of the custom autograd.Function `{name}` raised {line}: its forward ran "
+                           "under autocast (low-precision outputs), its backward runs outside autocast on FP32 saved "
+                           "tensors, and the dtypes meet in one op", where=where,
+                   fix=fix_for("autograd-function-without-custom-fwd"), step=inst.step)
+
+
+def _failing_function(exc: BaseException) -> tuple[str, bool] | None:
+    """``(class name, forward decorated with custom_fwd)`` of the custom ``autograd.Function`` whose
+    ``backward`` raised ``exc`` (its frame has the ``ctx`` autograd passes), or None."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        frame = tb.tb_frame
+        ctx = frame.f_locals.get("ctx") if frame.f_code.co_name == "backward" else None
+        cls = getattr(type(ctx), "_forward_cls", None) if ctx is not None else None
+        if isinstance(cls, type) and issubclass(cls, torch.autograd.Function):
+            found = (cls.__name__, hasattr(cls.forward, "__wrapped__"))
+        tb = tb.tb_next
+    return found
 
 
 def _dtype_fix(low_dtypes: set, inst: Instrumentation) -> str:

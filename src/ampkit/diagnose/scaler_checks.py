@@ -45,6 +45,8 @@ class _ScalerState:
     had_success: bool = False
     first_scale: float | None = None
     updates: int = 0
+    stepped: bool = False                 # step() called since the last update()
+    scaled_after_step: bool = False       # ... and scale() again after it: a new iteration without update()
 
 
 class ScalerChecks:
@@ -103,7 +105,10 @@ class ScalerChecks:
 
         def scale(scaler, outputs):
             if not inst._paused and inst.mode == "diagnose" and scaler.is_enabled():
+                with inst.paused():
+                    inst.loop_checks.note_scaled_loss(outputs)
                 st = checks._state(scaler)
+                st.scaled_after_step |= st.stepped
                 st.scaled_pending = True
                 inst._scaled_this_step = True
                 dtypes = {d for _, d in inst._step_dtypes}
@@ -113,7 +118,10 @@ class ScalerChecks:
                         message="an enabled GradScaler scales a loss computed under BF16 autocast: BF16 has FP32's "
                                 "exponent range, so the scaling (and its inf checks) is wasted work",
                         where=inst.user.where(), fix=fix_for("scaler-with-bf16"), step=inst.step))
-            return orig(scaler, outputs)
+            result = orig(scaler, outputs)
+            if not inst._paused and inst.mode == "diagnose" and scaler.is_enabled():
+                inst.loop_checks.note_scale_output(result)
+            return result
 
         return scale
 
@@ -151,6 +159,8 @@ class ScalerChecks:
             if inst.mode == "diagnose" and scaler.is_enabled():
                 with inst.paused():
                     checks._check_fp16_params(scaler, optimizer)
+                    inst.loop_checks.note_scaler_step(scaler, optimizer)
+                checks._state(scaler).stepped = True
             inst._begin_step(optimizer)
             inst._in_scaler_step = True
             try:
@@ -167,6 +177,7 @@ class ScalerChecks:
             if inst._paused or inst.mode != "diagnose" or not scaler.is_enabled():
                 return orig(scaler, new_scale)
             with inst.paused():
+                inst.loop_checks.note_update(scaler)
                 before = scaler.get_scale()
             result = orig(scaler, new_scale)
             with inst.paused():
@@ -174,7 +185,7 @@ class ScalerChecks:
                 st = checks._state(scaler)
                 st.first_scale = before if st.first_scale is None else st.first_scale
                 st.updates += 1
-                st.scaled_pending = False
+                st.scaled_pending = st.stepped = st.scaled_after_step = False
                 st.unscaled.clear()
                 backoff = after < before
                 if not backoff:
@@ -211,6 +222,18 @@ class ScalerChecks:
                 with self.inst.paused():
                     return float(scaler.get_scale())
         return 1.0
+
+    def update_missing(self) -> bool:
+        """An enabled scaler stepped, then scaled a new loss, with no ``update()`` in between."""
+        return any(st.scaled_after_step for _, st in self._enabled_scalers())
+
+    def loss_scale(self) -> float | None:
+        """The scale of the enabled scaler that scaled this step's loss (unscaled or not), None if none."""
+        for scaler, st in self._enabled_scalers():
+            if st.scaled_pending:
+                with self.inst.paused():
+                    return float(scaler.get_scale())
+        return None
 
     def _enabled_scalers(self) -> list[tuple[Any, _ScalerState]]:
         return [(s, st) for s, st in list(self._scalers.items()) if s.is_enabled()]

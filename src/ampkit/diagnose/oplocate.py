@@ -1,0 +1,280 @@
+"""The first aten op that produced inf/NaN, its own line in the user's code, and why it happened.
+
+Used by the non-finite locator when it re-runs one module (:mod:`~ampkit.diagnose.nonfinite`):
+
+* forward: :func:`first_nonfinite_op` runs the module inside a
+  :class:`~torch.utils._python_dispatch.TorchDispatchMode` and stops at the first op whose output is
+  inf/NaN; the Python stack at that dispatch holds the user's line that called the op;
+* backward: :func:`first_nonfinite_backward` re-runs the forward with autograd's anomaly recording
+  (each autograd node keeps the stack that created it), hooks every node of the graph and runs the
+  backward: the first node that turns finite gradients into inf/NaN names the forward line that
+  created it.
+
+Each hit is classified (:func:`classify`): an overflow (finite inputs, a result beyond the dtype's
+largest value, or a constant that does not fit it), an underflow (a divisor that is 0 in the low
+precision, often a small constant or eps that rounded to 0), a cancellation (the root or log of a
+negative difference of nearly equal numbers), or inputs that were already non-finite.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampkit.diagnose.tracking import UserCode, frame_where, short_path, tensor_leaves
+
+__all__ = ["OpHit", "first_nonfinite_op", "first_nonfinite_backward", "classify", "OVERFLOW", "UNDERFLOW",
+           "CANCELLATION", "NONFINITE_INPUTS", "DIVISION_BY_ZERO"]
+
+OVERFLOW, UNDERFLOW, CANCELLATION, NONFINITE_INPUTS = "overflow", "underflow", "cancellation", "non-finite inputs"
+DIVISION_BY_ZERO = "division by zero"
+_DIVIDING = {"aten.div", "aten.reciprocal", "aten.rsqrt", "aten.log", "aten.log2", "aten.log10", "aten.pow",
+             "aten.remainder", "aten.fmod", "aten.true_divide"}
+_ROOTS = {"aten.sqrt", "aten.rsqrt", "aten.log", "aten.log2", "aten.log10", "aten.log1p", "aten.pow"}
+
+
+@dataclass(frozen=True)
+class OpHit:
+    """The first aten op that produced inf/NaN. ``where``: the user's ``file:line`` that ran it
+    (backward: the forward line that created the autograd node); ``cause``: one of :data:`OVERFLOW`,
+    :data:`UNDERFLOW`, :data:`CANCELLATION`, :data:`NONFINITE_INPUTS` or ``""`` (not classified);
+    ``detail``: the sentence with the numbers."""
+
+    op: str
+    out_dtype: str
+    input_max: tuple[float, ...]
+    inputs_finite: bool
+    module: Any = field(default=None, compare=False)  # the innermost module running the op (re-run)
+    where: str | None = None
+    cause: str = ""
+    detail: str = ""
+
+    def describe(self) -> str:
+        mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
+        text = f"`{self.op}` ({self.out_dtype}) on inputs with max |x| {mags}"
+        if self.detail:
+            return f"{text}: {self.cause}: {self.detail}" if self.cause else f"{text}: {self.detail}"
+        if not self.inputs_finite:
+            text += " (its inputs were already non-finite)"
+        return text
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+def _op_name(func) -> str:
+    text = str(func)
+    return text.rsplit(".", 1)[0] if text.count(".") >= 2 else text
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _smallest(dtype: torch.dtype) -> float:
+    """The smallest positive (subnormal) value of ``dtype``."""
+    fi = torch.finfo(dtype)
+    return fi.tiny * fi.eps
+
+
+def _fp32(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(torch.float32, copy=True) if obj.is_floating_point() else obj.detach().clone()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_fp32(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _fp32(v) for k, v in obj.items()}
+    return obj
+
+
+def _scalars(args, kwargs) -> list[float]:
+    return [a for a in list(args) + list((kwargs or {}).values()) if isinstance(a, float) and math.isfinite(a)]
+
+
+@dataclass
+class _Tiny:
+    """A constant the op got that rounds to 0 in its dtype (``eps=1e-12`` in FP16)."""
+
+    value: float
+    op: str
+    dtype: torch.dtype
+    where: str | None
+
+
+def classify(func, args, kwargs, out: torch.Tensor, tiny: _Tiny | None = None) -> tuple[str, str]:
+    """``(cause, detail)`` for an op whose output ``out`` is inf/NaN (see the module docstring)."""
+    name, dtype = _op_name(func), out.dtype
+    dn = _dtype_name(dtype)
+    ins = tensor_leaves((args, kwargs or {}))
+    if not all(bool(torch.isfinite(t).all()) for t in ins):
+        return NONFINITE_INPUTS, "its inputs were already inf/NaN: the value went bad before this op"
+    fmax = torch.finfo(dtype).max
+    big = [s for s in _scalars(args, kwargs) if abs(s) > fmax]
+    if big:
+        return OVERFLOW, (f"the constant {big[0]:g} does not fit {dn} (largest finite value {fmax:g}): it becomes "
+                          f"{'-' if big[0] < 0 else ''}inf")
+    try:
+        ref = func(*_fp32(args), **_fp32(kwargs or {}))
+    except Exception:  # noqa: BLE001 - an op that cannot run in FP32 here: no reference
+        ref = None
+    refs = tensor_leaves(ref) if ref is not None else []
+    if refs and all(bool(torch.isfinite(r).all()) for r in refs):
+        peak = max(float(r.abs().max()) for r in refs if r.numel())
+        if peak > fmax:
+            return OVERFLOW, (f"in FP32 the result reaches {peak:.3g}, beyond {dn}'s largest finite value "
+                              f"{fmax:g}")
+        return "", f"in FP32 the same op gives finite values (max |x| {peak:.3g})"
+    if name in _ROOTS and any(bool((t < 0).any()) for t in ins if t.is_floating_point()):
+        low = min(float(t.min()) for t in ins if t.is_floating_point() and t.numel())
+        return CANCELLATION, (f"the root/log of a negative value (min {low:.3g}): a difference of nearly equal "
+                              f"numbers (e.g. E[x^2] - E[x]^2) cancelled below 0 in {dn}")
+    zeros = any(bool((t == 0).any()) for t in ins if t.is_floating_point())
+    if name in _DIVIDING and zeros:
+        text = f"it divides by 0 (0/0 gives NaN, x/0 inf) in {dn}"
+        if tiny is None:
+            return DIVISION_BY_ZERO, text + " (a divisor is exactly 0: an all-zero row, or a value that underflowed)"
+        at = f" at {tiny.where}" if tiny.where else ""
+        return UNDERFLOW, (f"the constant {tiny.value:g}{at} (`{tiny.op}`) rounds to 0 in {_dtype_name(tiny.dtype)} "
+                           f"(smallest positive value {_smallest(tiny.dtype):.3g}), so it no longer keeps the "
+                           f"divisor above 0: {text}")
+    return "", "the op gives inf/NaN in FP32 too, on these inputs"
+
+
+class _FirstNonFinite(TorchDispatchMode):
+    def __init__(self, user: UserCode | None, stop=None) -> None:
+        super().__init__()
+        self.user = user
+        self.stop = stop  # the frame that started the re-run: user frames outside it are not the op's
+        self.hit: OpHit | None = None
+        self.fallback: OpHit | None = None
+        self.tiny: _Tiny | None = None
+        self.stack: list[torch.nn.Module] = []  # modules running (filled by first_nonfinite_op's hooks)
+
+    def _where(self) -> str | None:
+        if self.user is None:
+            return None
+        f = sys._getframe(1)
+        while f is not None and f is not self.stop:
+            if self.user.is_user_file(f.f_code.co_filename):
+                return frame_where(f)
+            f = f.f_back
+        return None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.hit is not None:
+            return out
+        outs = tensor_leaves(out)
+        if self.tiny is None and outs and outs[0].dtype in (torch.float16, torch.bfloat16):
+            small = [s for s in _scalars(args, kwargs) if 0 < abs(s) < _smallest(outs[0].dtype) / 2]
+            if small:
+                self.tiny = _Tiny(small[0], _op_name(func), outs[0].dtype, self._where())
+        if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
+            ins = tensor_leaves((args, kwargs or {}))
+            finite = all(bool(torch.isfinite(t).all()) for t in ins)
+            mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
+            cause, detail = classify(func, args, kwargs, outs[0], self.tiny) if finite else (NONFINITE_INPUTS, "")
+            hit = OpHit(_op_name(func), _dtype_name(outs[0].dtype), mags[:4], finite,
+                        self.stack[-1] if self.stack else None, self._where(), cause, detail)
+            if finite:
+                self.hit = hit
+            elif self.fallback is None:
+                self.fallback = hit
+        return out
+
+
+def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None, tiny: _Tiny | None = None) -> OpHit | None:
+    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite
+    (else the first inf/NaN op at all), with the innermost module that ran it and, given ``user``,
+    the user's line that called it."""
+    mode = _FirstNonFinite(user, sys._getframe())
+    mode.tiny = tiny  # a constant the forward rounded to 0 explains a division by 0 in the backward
+
+    def enter(module, args):
+        mode.stack.append(module)
+
+    def leave(module, args, *rest):  # returns None: a forward hook's return value replaces the output
+        if mode.stack:
+            mode.stack.pop()
+
+    mm = torch.nn.modules.module
+    handles = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(leave, always_call=True)]
+    try:
+        with mode:
+            fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return mode.hit or mode.fallback
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _created_at(node, user: UserCode) -> str | None:
+    """The innermost user line in the stack anomaly mode recorded when ``node`` was created."""
+    stack = list(node.metadata.get("traceback_") or []) if hasattr(node, "metadata") else []
+    start = next((i for i, e in enumerate(stack) if __file__ in e and "first_nonfinite_backward" in e), -1)
+    for entry in reversed(stack[start + 1:]):  # the frames of the re-run only, not those that started it
+        m = _FRAME.search(entry)
+        if m and user.is_user_file(m["file"]):
+            return f"{short_path(m['file'])}:{m['line']}"
+    return None
+
+
+def _graph_nodes(outs: list[torch.Tensor], limit: int = 50_000) -> list:
+    seen, order, todo = set(), [], [t.grad_fn for t in outs if t.grad_fn is not None]
+    while todo and len(order) < limit:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return order
+
+
+def _finite(ts) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in ts if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def first_nonfinite_backward(forward: Callable[[], Any], inputs: list[torch.Tensor], grads: list[torch.Tensor],
+                             user: UserCode) -> OpHit | None:
+    """Run ``forward()`` (recording where each autograd node is created), then its backward from
+    ``grads``; return the first backward op that made finite gradients inf/NaN, its ``where`` being the
+    forward line that created the node. None when the backward stays finite or cannot be re-run."""
+    seen = _FirstNonFinite(user, sys._getframe())  # notes constants that round to 0 in the forward
+    with torch.autograd.set_detect_anomaly(True, check_nan=False), seen:
+        out = forward()
+    outs = [t for t in tensor_leaves(out) if t.requires_grad]
+    if not inputs or len(grads) < len(outs) or not outs:
+        return None
+    culprit: list = []
+
+    def hook(node, grad_inputs, grad_outputs):
+        if not culprit and _finite(grad_outputs) and not _finite(grad_inputs):
+            culprit.append(node)
+
+    handles = [n.register_hook(lambda gi, go, n=n: hook(n, gi, go)) for n in _graph_nodes(outs)]
+    try:
+        hit = first_nonfinite_op(lambda: torch.autograd.grad(outs, inputs, grads[: len(outs)], allow_unused=True),
+                                 tiny=seen.tiny)
+    finally:
+        for h in handles:
+            h.remove()
+    if not culprit:
+        return hit
+    node = culprit[0]
+    where = _created_at(node, user)
+    fwd = re.sub(r"Backward\d*$", "", node.name())
+    if hit is None:
+        return OpHit(fwd, "", (), True, where=where, detail=f"the backward of `{fwd}` ({node.name()}) gave inf/NaN")
+    detail = (hit.detail or "on finite gradients") + f" (in the backward of `{fwd}`, {node.name()})"
+    return OpHit(hit.op, hit.out_dtype, hit.input_max, hit.inputs_finite, None, where or hit.where, hit.cause, detail)
