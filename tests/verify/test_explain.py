@@ -171,7 +171,7 @@ def test_recommendation_commands_for_each_kind():
 
 
 def _verdict(exits, verdict="fail"):
-    from ampkit.verify.band import Verdict
+    from ampkit.verify.judge import Verdict
 
     return Verdict(verdict=verdict, reasons=(), warnings=(), notes=(), band={}, final_metric={}, skipped={},
                    exits=exits)
