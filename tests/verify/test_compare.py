@@ -145,3 +145,20 @@ def test_real_digits_planted_harm(harm, expected):
         assert ends["late training loss"]["lower"] > 0.01 and min(ends["late training loss"]["per_seed"]) > 0.01
     if harm == "none":
         assert all(abs(e["mean"]) < 0.01 for e in ends.values())
+
+
+def test_fp8_recipe_and_layers_reach_every_run(monkeypatch):
+    """`compare --fp8-layers eligible --fp8-recipe rowwise` trains every run with them (a spy on the real train)."""
+    from ampkit.verify import runs as runs_mod
+    from ampkit.verify.compare import compare
+
+    seen = []
+    real = runs_mod.train
+
+    def spy(config, **kw):
+        seen.append((config.fp8_recipe, config.fp8_layers))
+        return real(config, **kw)
+
+    monkeypatch.setattr(runs_mod, "train", spy)
+    compare(TOY, precision="bf16", seeds=2, steps=4, run_audit=False, fp8_recipe="rowwise", fp8_layers="eligible")
+    assert seen and set(seen) == {("rowwise", "eligible")}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ampkit.cli.common import ProgressView, add_device_arg, add_fp32_modules_arg, add_precision_arg, console, print_json
+from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg, add_fp32_modules_arg, add_precision_arg,
+                               console, print_json)
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:
@@ -58,6 +59,7 @@ def register(sub, formatter_class):
                    help="eager steps only (by default, on a device with graphs, both precisions replay the whole "
                         "step as one device graph and short eager runs give the eager speed-up too)")
     add_fp32_modules_arg(p)
+    add_fp8_recipe_arg(p, "with --precision fp8")
     p.add_argument("--explain", action="store_true",
                    help="rank the modules by the error they add (at the start and where the AMP curve leaves the "
                         "band) and, on FAIL, try fixes with reruns: FP32 modules, the other precision, a lower lr")
@@ -78,7 +80,8 @@ def register(sub, formatter_class):
 
 
 _TASK_ONLY = (("task", "digits"), ("task_arg", []), ("lr", None), ("fp32_modules", None), ("explain", False),
-              ("explain_budget", None), ("no_graph", False), ("device", None))
+              ("explain_budget", None), ("no_graph", False), ("device", None), ("fp8_recipe", "tensorwise"),
+              ("fp8_layers", "paying"))
 
 
 def _run_script(args) -> int:
@@ -149,7 +152,8 @@ def run(args) -> int:
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
-                         explain_factor=factor, graph=False if args.no_graph else None, tolerance=args.tolerance)
+                         explain_factor=factor, graph=False if args.no_graph else None, tolerance=args.tolerance,
+                         fp8_recipe=args.fp8_recipe, fp8_layers=args.fp8_layers)
     if args.json:
         print_json(result.to_dict())
     else:

@@ -194,7 +194,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             lr: float | None = None, run_audit: bool = True, out: str | Path | None = None,
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,
             explain_budget: float | None = None, explain_factor: float = 2.0, graph: bool | None = None,
-            tolerance: float | None = None) -> CompareResult:
+            tolerance: float | None = None, fp8_recipe: str = "tensorwise", fp8_layers: str = "paying") -> CompareResult:
     """Train in FP32 and in ``precision`` from the same seeds, weights and data; return the verdict.
 
     Args:
@@ -213,6 +213,9 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         explain: rank the modules by the error they add and, after a FAIL, try fixes (``explain``).
         explain_budget: seconds the explanation may take; default ``explain_factor`` (2) times the
             comparison's own time.
+        fp8_recipe, fp8_layers: with ``precision="fp8"``, torchao's recipe and which layers convert
+            (``"paying"``: those the card's FP8 cost model predicts faster, else refused; ``"eligible"``: every
+            layer the shape filter allows, to judge FP8's numerics where it does not pay).
         graph: the step captured as one device graph where possible (None, the default; see
             ``TrainConfig.graph``), and short eager runs for ``ratios["speedup_eager"]``; False: eager only.
         out: when given, write ``compare.json``, ``report.html`` and the PNG plots there.
@@ -232,6 +235,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     _check_numbers(explain_budget, explain_factor, tolerance)
     plan, regions, region_names = _plan(task_factory, precision, device, task_options, seeds, steps, log_every, lr,
                                         graph, fp32_modules, out)
+    plan.fp8_recipe, plan.fp8_layers = fp8_recipe, fp8_layers
     emit({"event": "compare_start", "runs": 2 * len(plan.seeds), "task": plan.first_task.name,
           "precision": plan.amp.name, "reason": plan.amp.reason, "device": str(plan.amp.device), "steps": plan.steps,
           "seeds": list(plan.seeds), "fp32_modules": list(regions)})

@@ -79,6 +79,8 @@ class RunPlan:
     inits: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     first_task: Task | None = None
     graph: bool | None = None  # TrainConfig.graph: the step as one device graph where possible (None)
+    fp8_recipe: str = "tensorwise"  # TrainConfig.fp8_recipe / fp8_layers, for --precision fp8
+    fp8_layers: str = "paying"
 
     def task(self, seed: int) -> Task:
         """The seed's task with its recorded initial weights (recorded on first use)."""
@@ -102,7 +104,8 @@ class RunPlan:
         config = TrainConfig(task=task.name, precision=precision.name, steps=steps or self.steps, seed=seed,
                              log_every=min(self.log_every, steps or self.steps), evaluate=evaluate,
                              lr=lr if lr is not None else self.lr, max_consecutive_skips=None,
-                             graph=self.graph if graph is None else graph, fp32_modules=tuple(fp32_modules) or None)
+                             graph=self.graph if graph is None else graph, fp32_modules=tuple(fp32_modules) or None,
+                             fp8_recipe=self.fp8_recipe, fp8_layers=self.fp8_layers)
         result = finished(train(config, task=task, precision=precision, progress=progress))  # a stop ends all
         metric, value = _final_value(task, result) if evaluate else ("training loss", float("nan"))
         return task, Run(seed=seed, precision=precision.name, result=result, metric=metric, final=value,
