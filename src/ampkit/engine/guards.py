@@ -64,12 +64,14 @@ def check_lrs(optimizers: Sequence[torch.optim.Optimizer], by: Any = None) -> No
 
 def _leaves(loss: torch.Tensor) -> list[torch.Tensor]:
     """The leaf tensors (parameters) that a backward of ``loss`` accumulates gradients into."""
-    out, seen, stack = [], set(), [loss.grad_fn]
+    # `seen` keeps each node's Python object alive: a node's wrapper is freed once nothing holds it, and a
+    # later wrapper may then reuse its id (seen on torch 2.5: every leaf skipped as "already visited").
+    out, seen, stack = [], {}, [loss.grad_fn]
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         var = getattr(fn, "variable", None)  # AccumulateGrad nodes hold their leaf
         if isinstance(var, torch.Tensor):
             out.append(var)
