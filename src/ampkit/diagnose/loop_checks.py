@@ -172,11 +172,13 @@ class LoopChecks:
         """A path from ``loss`` to an ``autograd.grad`` result that multiplies by nothing like ``1/scale``."""
         todo = deque([(loss.grad_fn, False)])
         seen: set[tuple[int, bool]] = set()
+        alive: list = []
         while todo and len(seen) < _GRAPH_LIMIT:
             node, unscaled = todo.popleft()
             if node is None or (id(node), unscaled) in seen:
                 continue
             seen.add((id(node), unscaled))
+            alive.append(node)  # a freed node's id could be reused by a later node and read as seen
             hit = self._penalty.get(id(node))
             if hit is not None:
                 if not unscaled:
