@@ -33,9 +33,12 @@ MARK = re.compile(r"<!-- compare-timing -->(.*?)<!-- /compare-timing -->", re.S)
 def sentence(data: dict) -> str:
     """The words every page uses for the figure."""
     m = data["machine"]
-    return (f"{data['cpu_s']:.0f} s of CPU time and {data['wall_s'] / 60:.1f} minutes of wall time on a "
-            f"{m['cores']}-core CPU shared with other work (load average {m['load_start']:.0f}-{m['load_end']:.0f}), "
-            f"measured {data['date']}")
+    wall = data["wall_s"]
+    wall_text = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.1f} minutes"
+    load = max(m["load_start"], m["load_end"])
+    busy = (f"a quiet {m['cores']}-core CPU (load average {load:.1f})" if load < 1 else
+            f"a {m['cores']}-core CPU shared with other work (load average {m['load_start']:.0f}-{m['load_end']:.0f})")
+    return f"{data['cpu_s']:.0f} s of CPU time and {wall_text} of wall time on {busy}, measured {data['date']}"
 
 
 def measure() -> dict:
