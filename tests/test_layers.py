@@ -19,9 +19,10 @@ ROOT = SRC / "ampkit"
 
 # Each part of the design and the parts it may import (besides itself). The leaves (errors, choices,
 # findings, compat) sit under everything; data flows one way: cli -> features -> engine -> device.
-LEAVES = {"errors", "choices", "findings", "compat"}
+LEAVES = {"errors", "choices", "findings", "compat", "atomic"}
 MAY_IMPORT = {
     "errors": set(),
+    "atomic": set(),
     "choices": set(),
     "findings": set(),
     "compat": {"errors"},

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ampkit.checkpoint.atomic import atomic_write_bytes, fsync_dir
+from ampkit.atomic import atomic_write_bytes, fsync_dir
 from ampkit.checkpoint.rotation import is_good, last_good, mark_good, rotate
 from ampkit.checkpoint.content import check_loadable, check_module, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ampkit.checkpoint.atomic import atomic_write_bytes
+from ampkit.atomic import atomic_write_bytes
 
 __all__ = ["GOOD_FILE", "streak_at_save", "is_good", "mark_good", "last_good", "rotate"]
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampkit.atomic import atomic_write_bytes
+
 __all__ = ["MIN_GAIN", "MODES", "Timing", "CostModel", "cache_path", "cache_key", "load_cached", "save_cached"]
 
 MIN_GAIN = 0.03  # a layer converts only when FP8 is predicted at least 3% faster: noise is not a gain
@@ -166,8 +168,5 @@ def save_cached(model: CostModel, path: Path | None = None) -> Path:
     """Add (or replace) ``model``'s entry, keeping the others; written atomically."""
     path = path or cache_path()
     entries = [e for e in _entries(path) if e["key"] != model.key] + [model.to_dict()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"schema": SCHEMA, "entries": entries}, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    data = (json.dumps({"schema": SCHEMA, "entries": entries}, indent=1) + "\n").encode()
+    return atomic_write_bytes(path, lambda fh: fh.write(data))

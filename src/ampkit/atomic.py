@@ -1,4 +1,4 @@
-"""Atomic writes: a temp file beside the target, fsync, rename, fsync of the folder; ``kill -9`` at any
+"""Atomic writes (checkpoints, metrics, run records, the FP8 cost cache): a temp file beside the target, fsync, rename, fsync of the folder; ``kill -9`` at any
 moment leaves the previous file intact."""
 
 from __future__ import annotations
