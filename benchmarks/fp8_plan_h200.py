@@ -27,6 +27,9 @@ PY = sys.executable
 LLAMA = ["--model", "llama-1b", "--precision", "bf16", "fp8", "--runners", "ampkit", "--steps", "8", "--warmup", "3"]
 CHARLM_BIG = ["--task", "charlm", "--task-arg", "d_model=2048", "--task-arg", "n_layers=2", "--task-arg", "n_heads=16",
               "--task-arg", "seq_len=512", "--task-arg", "batch_size=32"]
+# The largest Llama shape that trains on one H200 in FP32 too (2.21B with the 32000-token head), as task arguments.
+LLAMA_2B = ["--task-arg", "d_model=3072", "--task-arg", "n_layers=20", "--task-arg", "n_heads=24",
+            "--task-arg", "n_kv_heads=8", "--task-arg", "ffn=8192", "--task-arg", "vocab_size=32000"]
 # part: (what it records, limit in seconds, the ampkit command lines it runs: (suffix, argv))
 PARTS = {
     "probe": ("the FP8 cost model, eager and compiled, of each recipe in $PROBE_RECIPES (default tensorwise), "
@@ -52,6 +55,21 @@ PARTS = {
                       "(estimated 9 min)", 595,
                       [("", ["bench", *LLAMA, "--compile", "--no-eager", "--rounds", "1",
                              "--fp8-recipe", "rowwise", "rowwise_with_gw_hp"])]),
+    "compare-llama": ("compare --precision fp8 --fp8-layers eligible on the llama task in the 2.21B shape "
+                      "(2 x 2048 bytes a step, 50 steps, warmup 10 and cosine), 3 seeds, eager steps, against "
+                      "FP32 (estimated 6 min)", 590,
+                      [("", ["compare", "--task", "llama", *LLAMA_2B, "--task-arg", "seq_len=2048",
+                             "--task-arg", "batch_size=2", "--task-arg", "corpus_bytes=4000000",
+                             "--task-arg", "eval_windows=32", "--task-arg", "lr=3e-4", "--precision", "fp8",
+                             "--fp8-layers", "eligible", "--seeds", "3", "--steps", "50", "--no-graph",
+                             "--no-audit"])]),
+    "llama-2b-eager": ("bench the 2.21B llama eager: BF16 vs FP8 with the plan, then every eligible layer in FP8, "
+                       "2 rounds (estimated 5 min)", 570,
+                       [("plan", ["bench", "--model", "llama-1b", *LLAMA_2B, "--precision", "bf16", "fp8",
+                                  "--runners", "ampkit", "--steps", "8", "--warmup", "3", "--rounds", "2"]),
+                        ("eligible", ["bench", "--model", "llama-1b", *LLAMA_2B, "--precision", "bf16", "fp8",
+                                      "--runners", "ampkit", "--steps", "8", "--warmup", "3", "--rounds", "2",
+                                      "--fp8-layers", "eligible"])]),
     "compare": ("compare --precision fp8 on charlm d2048 (32 x 512 tokens a step), 2 seeds of 150 steps, against "
                 "FP32 (estimated 4 min)", 570,
                 [("", ["compare", *CHARLM_BIG, "--precision", "fp8", "--seeds", "2", "--steps", "150",

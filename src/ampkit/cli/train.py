@@ -79,7 +79,7 @@ def register(sub, formatter_class):
 
 def add_task_args(p) -> None:
     p.add_argument("--task", default="digits", metavar="T",
-                   help="built-in task (digits, charlm) or FILE.py:factory / module:factory")
+                   help="built-in task (digits, charlm, llama) or FILE.py:factory / module:factory")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the task factory, repeatable (e.g. n_layers=4)")
 

@@ -102,6 +102,7 @@ class Task:
 BUILTIN_TASKS = {
     "digits": "ampkit.tasks.digits:make_task",
     "charlm": "ampkit.tasks.charlm:make_task",
+    "llama": "ampkit.tasks.llama:make_task",
 }
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from ampkit.tasks import Task
 
-__all__ = ["make_task", "CharLM", "Block", "load_corpus"]
+__all__ = ["make_task", "CharLM", "Block", "load_corpus", "windows"]
 
 VAL_FRACTION = 0.1
 EVAL_WINDOWS = 16
@@ -123,7 +123,7 @@ class CharLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     idx = starts[:, None] + torch.arange(seq_len + 1)
     chunk = data[idx].long()
     return chunk[:, :-1], chunk[:, 1:]
@@ -155,12 +155,12 @@ def make_task(seed: int = 0, batch_size: int = 16, seq_len: int = 64, d_model: i
     model = CharLM(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_len=seq_len)
     eval_starts = torch.randint(0, len(val) - seq_len, (EVAL_WINDOWS,),
                                 generator=torch.Generator().manual_seed(EVAL_SEED))
-    x_val, y_val = _windows(val, eval_starts, seq_len)
+    x_val, y_val = windows(val, eval_starts, seq_len)
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         # A generator per (seed, step): batch(step) is pure, so resume and FP32-vs-AMP runs agree.
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        return _windows(train, torch.randint(0, len(train) - seq_len, (batch_size,), generator=g), seq_len)
+        return windows(train, torch.randint(0, len(train) - seq_len, (batch_size,), generator=g), seq_len)
 
     def loss(model: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         logits = model(b[0])
