@@ -88,6 +88,9 @@ class LlamaLM(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
+        for block in self.blocks:  # the layers that write to the residual stream, scaled by depth (GPT-2's init)
+            for proj in (block.o, block.down):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * n_layers))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
