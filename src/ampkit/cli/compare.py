@@ -53,6 +53,9 @@ def register(sub, formatter_class):
                    help="steps per point of the loss curves (default: about 40 points)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="compare.json, report.html and PNGs go here")
+    p.add_argument("--continue", dest="resume", action="store_true",
+                   help="add seeds to the comparison already in --out: its runs are kept when every setting is the "
+                        "same (else refused), only the missing seeds of --seeds N train, and all are judged")
     p.add_argument("--no-audit", action="store_true", help="skip the per-op dtype audit in the report")
     p.add_argument("--json", action="store_true", help="print compare.json on stdout instead of a summary")
     p.add_argument("--no-graph", action="store_true",
@@ -81,7 +84,7 @@ def register(sub, formatter_class):
 
 _TASK_ONLY = (("task", "digits"), ("task_arg", []), ("lr", None), ("fp32_modules", None), ("explain", False),
               ("explain_budget", None), ("no_graph", False), ("device", None), ("fp8_recipe", "tensorwise"),
-              ("fp8_layers", "paying"))
+              ("fp8_layers", "paying"), ("resume", False))
 
 
 def _run_script(args) -> int:
@@ -92,7 +95,8 @@ def _run_script(args) -> int:
         raise UsageError(f"unknown option {args.script!r} (options go before SCRIPT; see ampkit compare --help)")
     for name, default in _TASK_ONLY:
         if getattr(args, name, default) != default:
-            raise UsageError(f"--{name.replace('_', '-')} is for tasks, not for a SCRIPT (the script decides its "
+            flag = "continue" if name == "resume" else name.replace("_", "-")
+            raise UsageError(f"--{flag} is for tasks, not for a SCRIPT (the script decides its "
                              f"model, device and learning rate): drop it")
     if args.metric_mode is not None and args.metric is None:
         raise UsageError("--metric-mode says which direction of --metric is better: add --metric REGEX")
@@ -153,7 +157,7 @@ def run(args) -> int:
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
                          explain_factor=factor, graph=False if args.no_graph else None, tolerance=args.tolerance,
-                         fp8_recipe=args.fp8_recipe, fp8_layers=args.fp8_layers)
+                         fp8_recipe=args.fp8_recipe, fp8_layers=args.fp8_layers, resume=args.resume)
     if args.json:
         print_json(result.to_dict())
     else:
@@ -297,6 +301,11 @@ def _summary(r) -> None:
         out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
     elif r.passed:
         out.print(f"next: {next_step(r)}", highlight=False, soft_wrap=True)
+    elif r.verdict == "inconclusive" and r.continuation is not None and r.report:
+        more = max((e.get("seeds_to_decide") or 0 for e in r.effects.get("endpoints", [])), default=0)
+        if more > len(r.seeds):
+            out.print(f"next: the same command with --seeds {more} --continue trains only the {more - len(r.seeds)} "
+                      f"missing seeds and judges all {more}", highlight=False, soft_wrap=True)
     if r.source:
         out.print(f"runs came from your script: {r.task_description} (each run a fresh process; outputs: "
                   f"{r.source.get('runs_folder') or 'not kept'})", highlight=False, soft_wrap=True)

@@ -42,6 +42,7 @@ from ampkit.device.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
 from ampkit.verify.band import MARGINS
 from ampkit.verify.judge import SETTINGS, Verdict, judge
+from ampkit.verify.prior import SCHEMA, load_prior, run_record, settings
 from ampkit.verify.result import CompareResult
 from ampkit.training.speed import describe, speed_ratio
 from ampkit.verify.runs import Run, RunPlan, median, outcome
@@ -194,7 +195,8 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             lr: float | None = None, run_audit: bool = True, out: str | Path | None = None,
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,
             explain_budget: float | None = None, explain_factor: float = 2.0, graph: bool | None = None,
-            tolerance: float | None = None, fp8_recipe: str = "tensorwise", fp8_layers: str = "paying") -> CompareResult:
+            tolerance: float | None = None, fp8_recipe: str = "tensorwise", fp8_layers: str = "paying",
+            resume: bool = False) -> CompareResult:
     """Train in FP32 and in ``precision`` from the same seeds, weights and data; return the verdict.
 
     Args:
@@ -219,6 +221,9 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         graph: the step captured as one device graph where possible (None, the default; see
             ``TrainConfig.graph``), and short eager runs for ``ratios["speedup_eager"]``; False: eager only.
         out: when given, write ``compare.json``, ``report.html`` and the PNG plots there.
+        resume: keep the runs of the comparison already in ``out`` (``compare --continue``): its seeds are
+            loaded, not trained again, when every setting matches (:mod:`ampkit.verify.prior`), only the
+            missing seeds of ``seeds`` run, and the verdict is judged on all of them.
         progress: called with event dicts (``compare_start``, ``run_start``, the trainer's events
             with a ``run`` key, ``run_end``, ``audit``, ``explain``, ``report``); nothing here prints.
 
@@ -236,13 +241,23 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     plan, regions, region_names = _plan(task_factory, precision, device, task_options, seeds, steps, log_every, lr,
                                         graph, fp32_modules, out)
     plan.fp8_recipe, plan.fp8_layers = fp8_recipe, fp8_layers
-    emit({"event": "compare_start", "runs": 2 * len(plan.seeds), "task": plan.first_task.name,
-          "precision": plan.amp.name, "reason": plan.amp.reason, "device": str(plan.amp.device), "steps": plan.steps,
-          "seeds": list(plan.seeds), "fp32_modules": list(regions)})
+    key = settings(task_spec=task_factory, task=plan.first_task, task_options=task_options, amp=plan.amp,
+                   steps=plan.steps, log_every=plan.log_every, lr=lr, fp32_modules=regions, graph=graph,
+                   fp8_recipe=fp8_recipe, fp8_layers=fp8_layers, torch_version=_versions(plan.amp.device)["torch"])
     run_notes: list[str] = []
-    runs = _run_all(plan, regions, emit, run_notes)
+    prior = _prior(plan, out, key, explain, run_notes) if resume else {"fp32": {}, "amp": {}}
+    todo = replace(plan, seeds=tuple(s for s in plan.seeds if s not in prior["fp32"]), inits=plan.inits,
+                   first_task=plan.first_task if plan.seeds[0] not in prior["fp32"] else None)
+    emit({"event": "compare_start", "runs": 2 * len(todo.seeds), "task": plan.first_task.name,
+          "precision": plan.amp.name, "reason": plan.amp.reason, "device": str(plan.amp.device), "steps": plan.steps,
+          "seeds": list(todo.seeds), "fp32_modules": list(regions)})
+    new = _run_all(todo, regions, emit, run_notes) if todo.seeds else {"fp32": {}, "amp": {}}
+    plan.graph = todo.graph  # _run_all turns graphs off when one precision could not be captured
+    runs = {side: {s: (prior[side] | new[side])[s] for s in plan.seeds} for side in ("fp32", "amp")}
     verdict = judge_runs(plan, runs, tolerance)
     result = _measure(plan, runs, verdict, regions, region_names, run_notes, emit, run_audit, t0)
+    result = replace(result, continuation={"schema": SCHEMA, "settings": key, "runs": {
+        side: {str(s): run_record(r) for s, r in runs[side].items()} for side in runs}})
     if explain:
         emit({"event": "explain"})
         from ampkit.verify.explain import explain as run_explain
@@ -255,6 +270,30 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         emit({"event": "report", "out": str(out)})
         result = write_outputs(result, out)
     return result
+
+
+def _prior(plan: RunPlan, out: str | Path | None, key: dict[str, Any], explain: bool, notes: list[str]
+           ) -> dict[str, dict[int, Run]]:
+    """The runs ``compare --continue`` keeps from ``out`` (checked against this comparison's settings)."""
+    if out is None:
+        raise UsageError("--continue adds seeds to the comparison in --out DIR: give --out")
+    if explain:
+        raise UsageError("--continue and --explain: continue the comparison first, then run --explain on its own")
+    prior, _ = load_prior(out, key)
+    extra = sorted(set(prior["fp32"]) - set(plan.seeds))
+    if extra:
+        raise UsageError(f"--continue: {out} already holds seeds {_seeds_text(sorted(prior['fp32']))}; give "
+                         f"--seeds {max(prior['fp32']) + 1} or more (it has {len(plan.seeds)})")
+    kept = sorted(prior["fp32"])
+    if kept:
+        notes.append(f"continued: seeds {_seeds_text(kept)} loaded from {Path(out) / 'compare.json'} (same settings), "
+                     f"{len(plan.seeds) - len(kept)} trained now")
+    return prior
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2 \
+        else ", ".join(map(str, seeds))
 
 
 def _plan(task_factory: TaskFactory, precision: Precision | str, device: Device | str | None,

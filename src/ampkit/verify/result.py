@@ -48,6 +48,7 @@ class CompareResult:
     explain: dict[str, Any] | None = None  # compare --explain: ranking, candidates, recommendation
     source: dict[str, Any] | None = None  # compare SCRIPT: {"kind": "script", "script", "args", ...}; None for a task
     effects: dict[str, Any] = field(default_factory=dict)  # the paired tests behind the verdict (verify.judge)
+    continuation: dict[str, Any] | None = None  # the settings and per-run records compare --continue reuses
 
     @property
     def passed(self) -> bool:

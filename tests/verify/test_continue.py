@@ -1,0 +1,120 @@
+"""``compare --continue``: seeds already judged in --out are kept, not trained again, and never mixed with
+runs of other settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ampkit
+from ampkit.errors import UsageError
+from ampkit.verify.prior import load_prior, run_record
+from conftest import TOY  # noqa: F401  (tests/verify/conftest.py)
+
+TOY_SPEC = str(Path(__file__).resolve().parents[1] / "toy_task.py") + ":make_task"
+JUDGED = ("verdict", "effects", "curves", "final_metric", "band", "skipped", "scale_trace", "seeds")
+
+
+def _compare(out, seeds, **kw):
+    kw.setdefault("precision", "bf16")
+    return ampkit.compare(TOY_SPEC, seeds=seeds, steps=12, log_every=3, device="cpu", run_audit=False, out=out,
+                          graph=False, **kw)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256((path / "compare.json").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_continued_comparison_is_the_one_run_at_once(tmp_path, precision):
+    _compare(tmp_path / "c", 2, precision=precision)
+    events = []
+    cont = _compare(tmp_path / "c", 3, precision=precision, resume=True, progress=events.append)
+    fresh = _compare(tmp_path / "f", 3, precision=precision)
+    started = [e["seed"] for e in events if e.get("event") == "run_start"]
+    assert started == [2, 2]  # only the missing seed trained, in FP32 and in the AMP precision
+    a, b = cont.to_dict(), fresh.to_dict()
+    for key in JUDGED:
+        assert a[key] == b[key], key
+    assert any(n.startswith("continued: seeds 0, 1 loaded from") for n in cont.notes)
+    on_disk = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert on_disk["seeds"] == [0, 1, 2] and set(on_disk["continuation"]["runs"]["amp"]) == {"0", "1", "2"}
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"lr": 0.05}, "lr"),
+    ({"task_options": {"hidden": 16}}, "task"),
+    ({"precision": "fp16"}, "dtype"),
+    ({"fp32_modules": "0"}, "fp32_modules"),
+])
+def test_other_settings_are_refused_and_the_folder_is_untouched(tmp_path, change, named):
+    _compare(tmp_path / "c", 2)
+    before = _digest(tmp_path / "c")
+    with pytest.raises(UsageError, match=rf"other settings \({named}"):
+        _compare(tmp_path / "c", 3, resume=True, **change)
+    assert _digest(tmp_path / "c") == before
+
+
+def test_fewer_seeds_no_folder_and_old_files_are_one_line(tmp_path):
+    _compare(tmp_path / "c", 3)
+    with pytest.raises(UsageError, match="already holds seeds 0-2; give --seeds 3 or more"):
+        _compare(tmp_path / "c", 2, resume=True)
+    with pytest.raises(UsageError, match="does not exist: run without --continue first"):
+        _compare(tmp_path / "none", 2, resume=True)
+    path = tmp_path / "c" / "compare.json"
+    data = json.loads(path.read_text())
+    del data["continuation"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="holds no runs that can be continued"):
+        _compare(tmp_path / "c", 4, resume=True)
+    with pytest.raises(UsageError, match="give --out"):
+        ampkit.compare(TOY_SPEC, seeds=2, steps=4, device="cpu", precision="bf16", resume=True)
+
+
+def test_a_non_finite_run_survives_the_round_trip(tmp_path):
+    result = _compare(tmp_path / "c", 2)
+    runs, _ = load_prior(tmp_path / "c", result.continuation["settings"])
+    run = runs["amp"][1]
+    run.final, run.result.history[-1]["loss"] = math.nan, math.inf
+    rec = json.loads(json.dumps(run_record(run), allow_nan=False))  # strict JSON, as compare.json is
+    data = json.loads((tmp_path / "c" / "compare.json").read_text())
+    data["continuation"]["runs"]["amp"]["1"] = rec
+    (tmp_path / "c" / "compare.json").write_text(json.dumps(data))
+    again, _ = load_prior(tmp_path / "c", result.continuation["settings"])
+    assert math.isnan(again["amp"][1].final) and again["amp"][1].result.history[-1]["loss"] == math.inf
+    cont = _compare(tmp_path / "c", 2, resume=True)
+    assert cont.verdict == "fail" and any("not finite" in r or "non-finite" in r for r in cont.reasons)
+
+
+def test_cli_continue(tmp_path):
+    out = tmp_path / "c"
+    base = [sys.executable, "-m", "ampkit", "compare", "--task", TOY_SPEC, "--precision", "bf16", "--steps", "8",
+            "--device", "cpu", "--no-audit", "--no-graph", "--out", str(out)]
+    assert subprocess.run(base + ["--seeds", "2"], capture_output=True, text=True).returncode in (0, 3)
+    done = subprocess.run(base + ["--seeds", "3", "--continue"], capture_output=True, text=True)
+    assert done.returncode in (0, 3), done.stderr
+    assert "continued: seeds 0, 1 loaded from" in done.stdout + done.stderr
+    bad = subprocess.run(base + ["--seeds", "4", "--continue", "--lr", "0.5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "other settings (lr" in bad.stderr
+    script = subprocess.run(base[:4] + ["--continue", str(tmp_path / "x.py")], capture_output=True, text=True)
+    assert script.returncode == 2 and "--continue is for tasks" in script.stderr
+
+
+def test_an_inconclusive_summary_gives_the_continue_command(tmp_path, capsys):
+    from dataclasses import replace
+
+    from ampkit.cli.compare import _summary
+
+    result = _compare(tmp_path / "c", 2)
+    effects = {**result.effects, "endpoints": [{**e, "seeds_to_decide": 7} for e in result.effects["endpoints"]]}
+    capsys.readouterr()
+    _summary(replace(result, verdict="inconclusive", effects=effects))
+    assert "--seeds 7 --continue trains only the 5 missing seeds" in capsys.readouterr().out
+    _summary(replace(result, verdict="inconclusive", effects=effects, continuation=None))  # compare SCRIPT
+    assert "--continue" not in capsys.readouterr().out
