@@ -299,6 +299,13 @@ def save_and_load_like_a_card():
     buf.seek(0)
     on_cpu = torch.load(buf, map_location="cpu", weights_only=True)["model"]
     assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in on_cpu.values())
+    buf = io.BytesIO()
+    torch.save(nn.Linear(3, 2).to("musa"), buf)  # a whole module: its parameters stay Parameters
+    buf.seek(0)
+    with torch.serialization.safe_globals([nn.Linear]):
+        module = torch.load(buf)
+    assert [n for n, _ in module.named_parameters()] == ["weight", "bias"]
+    _on_musa(module.weight)
 
 
 @check

@@ -57,6 +57,7 @@ tests/migrate/musa_device.py --record run.json -- train.py --epochs 1`` runs ``t
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -162,6 +163,9 @@ class MusaTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         # torch.save: what a card's tensor pickles to (a plain tensor restored to its device, or to
         # torch.load's map_location), not this class: torch.load(weights_only=True) must take it.
+        # A parameter (a Parameter swapped into a MusaTensor by Module.to) stays a parameter.
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter, (self.detach(), self.requires_grad, collections.OrderedDict()))
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (self.inner.detach().clone(), self.dtype, str(self.device), self.requires_grad))
 
@@ -419,8 +423,14 @@ def _autocast_kernel(op, policy):
             elif policy == "fp32":
                 cast = (lambda t: t.float() if _eligible(t) else t)
             elif policy == "fp32_opt_dtype":
-                if kwargs.get("dtype") is None and any(_eligible(a) for a in args):
-                    kwargs = {**kwargs, "dtype": torch.float32}
+                if any(_eligible(a) for a in args):
+                    names = [a.name for a in op._schema.arguments]
+                    at = names.index("dtype")
+                    if at < len(args):
+                        if args[at] is None:
+                            args = (*args[:at], torch.float32, *args[at + 1:])
+                    elif kwargs.get("dtype") is None:
+                        kwargs = {**kwargs, "dtype": torch.float32}
                 return op(*args, **kwargs)
             else:  # promote
                 found = [t.dtype for t in tree_leaves(args) if _eligible(t)]
@@ -528,6 +538,7 @@ class Recorder:
         self.param_dtypes: set[str] = set()
         self.losses: list[float] = []
         self.loss_devices: set[str] = set()
+        self.leaf_devices: set[str] = set()  # of the tensors a backward() accumulates gradients into
         self.scalers: list[dict] = []
         self.autocast: list[dict] = []
         self.low_precision_outputs: set[str] = set()
@@ -552,6 +563,7 @@ class Recorder:
                 with torch.no_grad():
                     rec.losses.append(float(self.detach().float().cpu()))
                 rec.loss_devices.add(self.device.type)
+            rec.leaf_devices.update(_leaf_devices(self.grad_fn))
             return backward(self, *a, **kw)
 
         torch.Tensor.backward = watched_backward
@@ -566,8 +578,10 @@ class Recorder:
         enter = torch.autocast.__enter__
 
         def watched_enter(self):
-            rec.autocast.append({"device_type": self.device, "dtype": str(self.fast_dtype).replace("torch.", ""),
-                                 "enabled": bool(self._enabled)})
+            entry = {"device_type": self.device, "dtype": str(self.fast_dtype).replace("torch.", ""),
+                     "enabled": bool(self._enabled)}
+            if entry not in rec.autocast:  # each kind of region once
+                rec.autocast.append(entry)
             return enter(self)
 
         torch.autocast.__enter__ = watched_enter
@@ -595,6 +609,7 @@ class Recorder:
             "losses": self.losses,
             "losses_finite": bool(self.losses) and all(math.isfinite(v) for v in self.losses),
             "loss_devices": sorted(self.loss_devices),
+            "leaf_devices": sorted(self.leaf_devices),
             "scalers": self.scalers,
             "autocast": self.autocast,
             "linear_dtypes": sorted(self.low_precision_outputs),
@@ -602,6 +617,22 @@ class Recorder:
             "error": self.error,
             "musa_memory_peak": _STATE["memory"].peak if "memory" in _STATE else None,
         }
+
+
+def _leaf_devices(root) -> set[str]:
+    """Devices of the leaves (parameters) under a backward's graph: where the training happens, also for
+    scripts that step by hand (word_language_model's ``p.data.add_(p.grad, alpha=-lr)``)."""
+    found, seen, todo = set(), set(), [root] if root is not None else []
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            found.add(variable.device.type)
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return found
 
 
 def run_script(script: str, argv: list[str], record_path: str, card: str) -> int:

@@ -46,7 +46,7 @@ import torch, torch.nn as nn
 device = torch.device({device!r})
 model = nn.Linear(4, 2).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-scaler = torch.amp.GradScaler(device.type, enabled=device.type == "musa")
+scaler = torch.amp.GradScaler(device.type, init_scale=1.0, enabled=device.type == "musa")  # no skipped step
 for _ in range(3):
     with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "musa"):
         loss = model(torch.randn(8, 4, device=device)).float().pow(2).mean()
