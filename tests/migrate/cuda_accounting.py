@@ -98,12 +98,16 @@ def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
 
 
 def _torch_names(tree: ast.AST) -> set[str]:
+    """Names bound to torch or a part of it: ``torch``, ``th`` (``import torch as th``), ``dist``
+    (``import torch.distributed as dist``), ``nn`` (``from torch import nn``)."""
     names = {"torch"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name == "torch" and a.asname:
+                if (a.name == "torch" or a.name.startswith("torch.")) and a.asname:
                     names.add(a.asname)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            names.update(a.asname or a.name for a in node.names)
     return names
 
 
