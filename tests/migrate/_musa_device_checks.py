@@ -201,8 +201,9 @@ def _train(device: str, steps: int = 3):
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
     emb = nn.Embedding(7, 8)
     lstm = nn.LSTM(8, 6, num_layers=2)
-    params = [*model.parameters(), *emb.parameters(), *lstm.parameters()]
-    for m in (model, emb, lstm):
+    gru = nn.GRU(6, 6)
+    params = [*model.parameters(), *emb.parameters(), *lstm.parameters(), *gru.parameters()]
+    for m in (model, emb, lstm, gru):
         m.to(device)
     opt = torch.optim.AdamW(params, lr=1e-2)
     gen = torch.Generator().manual_seed(1)
@@ -211,6 +212,7 @@ def _train(device: str, steps: int = 3):
         tokens = torch.randint(0, 7, (5, 2), generator=gen).to(device)
         target = torch.randint(0, 5, (2,), generator=gen).to(device)
         out, _ = lstm(emb(tokens))
+        out, _ = gru(out)
         q = out.permute(1, 0, 2).unsqueeze(1)
         att = F.scaled_dot_product_attention(q, q, q, is_causal=True)
         loss = F.cross_entropy(model(x), target) + att.pow(2).mean()
@@ -222,8 +224,9 @@ def _train(device: str, steps: int = 3):
 
 @check
 def training_matches_the_cpu():
-    """The wrapper computes what the CPU computes: conv, batch norm, embedding, a 2-layer LSTM (through the
-    GPU-only fused cell), SDPA, cross entropy, AdamW (foreach) give the same parameters after 3 steps."""
+    """The wrapper computes what the CPU computes: conv, batch norm, embedding, a 2-layer LSTM and a GRU
+    (through the GPU-only fused cells), SDPA, cross entropy, AdamW (foreach) give the same parameters after
+    3 steps."""
     musa_params, musa_loss = _train("musa")
     cpu_params, cpu_loss = _train("cpu")
     for a, b in zip(musa_params, cpu_params):

@@ -14,6 +14,9 @@ How (torch >= 2.5, CPU build):
 * A tensor on "musa" is a :class:`MusaTensor`: a ``__torch_dispatch__`` wrapper subclass
   (``device="musa:0"``) over a CPU tensor. Every aten op on it runs the CPU kernel on the inner
   tensors and wraps the results again; autograd runs on the wrappers (``AutogradPrivateUse1``).
+* Kernels a GPU has and the CPU lacks: ``lstm_cell``/``gru_cell`` pick the fused
+  ``_thnn_fused_lstm_cell``/``_thnn_fused_gru_cell`` on every device but the CPU; here they (and their
+  backwards) are written in CPU ops, checked against the CPU's own LSTM and GRU.
 * Factory functions with ``device="musa"`` reach the PrivateUse1 backend key: ``empty.memory_format``
   and ``empty_strided`` are registered there (``torch.library``), so ``torch.zeros``, ``randn``,
   ``arange``, ``full``, ``tensor(..., device=)`` and the copy in ``x.to("musa")`` (``_to_copy`` =
@@ -241,8 +244,32 @@ def _fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     return grad_gates, grad_c * f, grad_gates.sum(0)
 
 
+def _fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """``_thnn_fused_gru_cell`` (GRU's GPU kernel, none on the CPU). Returns (hy, workspace)."""
+    if input_bias is not None:
+        input_gates, hidden_gates = input_gates + input_bias, hidden_gates + hidden_bias
+    i_r, i_z, i_n = input_gates.chunk(3, 1)
+    h_r, h_z, h_n = hidden_gates.chunk(3, 1)
+    r, z = (i_r + h_r).sigmoid(), (i_z + h_z).sigmoid()
+    n = (i_n + r * h_n).tanh()
+    hy = (1 - z) * n + z * hx
+    return hy, torch.cat([r, z, n, hx, h_n], 1)
+
+
+def _fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, h_n = workspace.chunk(5, 1)
+    d_n = grad_hy * (1 - z) * (1 - n * n)
+    d_z = grad_hy * (hx - n) * z * (1 - z)
+    d_r = d_n * h_n * r * (1 - r)
+    grad_input = torch.cat([d_r, d_z, d_n], 1)
+    grad_hidden = torch.cat([d_r, d_z, d_n * r], 1)
+    return grad_input, grad_hidden, grad_hy * z, grad_input.sum(0), grad_hidden.sum(0)
+
+
 _GPU_ONLY_KERNELS = {"_thnn_fused_lstm_cell": _fused_lstm_cell,
-                     "_thnn_fused_lstm_cell_backward_impl": _fused_lstm_cell_backward}
+                     "_thnn_fused_lstm_cell_backward_impl": _fused_lstm_cell_backward,
+                     "_thnn_fused_gru_cell": _fused_gru_cell,
+                     "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward}
 
 
 def _check_devices(func, name, args, kwargs) -> None:
