@@ -20,7 +20,7 @@ PORT_KINDS = {
     "device counting": "counts or picks devices through CUDA_VISIBLE_DEVICES or nvidia-smi",
     "vendor check": "tests for the CUDA vendor (torch.version.cuda, is_nccl_available, a .cuda(index))",
     "framework name": "a framework's accelerator name (Lightning's accelerator=\"cuda\"/\"gpu\")",
-    "no twin": "a torch.cuda function torch.musa does not have",
+    "no twin": "a torch.cuda function or torch.backends.cuda switch torch.musa does not have",
     "device index": "a .cuda(x) whose argument may be an index or a device",
     "backend": "a collective backend left as is because no device in the file moves",
 }

@@ -167,7 +167,7 @@ class DeviceTargetRule(Rule):
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = string_value(node)
-        if value is None:
+        if value is None or self._string_statement(node):
             return
         if self.dst == "musa" and self._counts_devices(node, value):
             return
@@ -184,6 +184,14 @@ class DeviceTargetRule(Rule):
             self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
         elif value == self.backend[0]:
             self._backends.append(node)
+
+    def _string_statement(self, node: cst.SimpleString) -> bool:
+        """A docstring, or any string standing as a statement: prose, not code (the AMP recipe's
+        "Run ``nvidia-smi`` to display your GPU's architecture" counts no devices)."""
+        parent = self.ctx.parent(node)
+        while isinstance(parent, cst.ConcatenatedString):
+            parent = self.ctx.parent(parent)
+        return isinstance(parent, cst.Expr)
 
     def _framework_name(self, node: cst.SimpleString, value: str) -> bool:
         """``accelerator="cuda"`` (or ``"gpu"``) for Lightning's ``Fabric``/``Trainer``: a framework's
@@ -249,6 +257,10 @@ class DeviceTargetRule(Rule):
                         f"torch.version.{self.dst}  # or test the device you run on: device.type == \"{self.dst}\"",
                         kind="vendor check")
             return
+        if isinstance(inner, cst.Attribute) and inner.attr.value == "backends" and self.ctx.is_torch(inner.value) \
+                and node.attr.value == self.src and not self.ctx.in_fallback(node):
+            self._backend_switch(node)
+            return
         if not (isinstance(inner, cst.Attribute) and inner.attr.value == self.src
                 and self.ctx.is_torch(inner.value)) or self.ctx.in_fallback(node):
             return
@@ -265,6 +277,29 @@ class DeviceTargetRule(Rule):
                         "source); left as is.",
                         f"check torch.{self.dst} for an equivalent, or use the device-generic torch API",
                         kind="no twin")
+
+    def _backend_switch(self, node: cst.Attribute) -> None:
+        """``torch.backends.cuda.matmul.allow_tf32 = True`` (nanoGPT): a switch for CUDA's own kernels
+        (cuBLAS, flash attention, cuFFT). It exists on a MUSA build too and does nothing for a MUSA card,
+        whose switches are ``torch.backends.mudnn.allow_tf32`` and, from torch_musa 2.9,
+        ``torch.backends.musa.matmul.allow_tf32`` (MUSA.md): reported, left as is."""
+        whole: cst.CSTNode = node
+        parent = self.ctx.parent(whole)
+        while isinstance(parent, cst.Attribute) and parent.value is whole:
+            whole, parent = parent, self.ctx.parent(parent)
+        name = dotted(whole) or f"torch.backends.{self.src}"
+        tf32 = name.endswith("matmul.allow_tf32")
+        if self.dst == "musa":
+            fix = ("torch.backends.mudnn.allow_tf32 = True  # torch_musa before 2.9\n"
+                   "torch.backends.musa.matmul.allow_tf32 = True  # torch_musa 2.9 and later") if tf32 else \
+                f"drop it on MUSA, or keep it for CUDA only: if device.type == \"{self.src}\": {name} = ..."
+        else:
+            fix = "torch.backends.cuda.matmul.allow_tf32 = True" if tf32 else \
+                f"drop it on CUDA, or keep it for MUSA only: if device.type == \"{self.src}\": {name} = ..."
+        own = "torch_musa has its own switches" if self.dst == "musa" else "a CUDA build reads torch.backends.cuda"
+        self.report(node, "deprecated-amp-api",
+                    f"could not port: `{name}` is a switch for {self.src.upper()}'s own kernels and has no "
+                    f"torch.backends.{self.dst} twin; {own}. Left as is.", fix, kind="no twin")
 
     def _vendor_test(self, node: cst.Attribute) -> None:
         """``x.is_cuda`` is False for a MUSA tensor: the GPU path would never be taken. torch_musa gives
