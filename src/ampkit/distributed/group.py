@@ -55,8 +55,13 @@ class DistContext:
         if active():
             torch.distributed.barrier()
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Tear the group down. ``finished``: every rank ended the run normally, so they first meet at a barrier
+        (gloo can abort a process whose peer closes the connection under a collective still in flight); after
+        an error on one rank there is no barrier, which the others might never reach."""
         if self.owns_group and active():
+            if finished:
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
 

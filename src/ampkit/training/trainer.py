@@ -81,17 +81,19 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     device = precision.device if precision is not None else detect_device(config.device)
     # Under torchrun: join the process group; the device becomes this rank's (Device(type, LOCAL_RANK)).
     ctx = dist_mod.init_from_env(device) if dist_mod.launched() else None
-    run = None
+    run, finished = None, False
     try:
         run = build_run(config, ctx, device, task=task, precision=precision)
-        return _train(run, progress, given_task=task is not None)
+        result = _train(run, progress, given_task=task is not None)
+        finished = True
+        return result
     finally:
         if run is not None and run.regions is not None:
             run.regions.remove()  # the task's model leaves as it came
         if run is not None:
             run.amp.close()  # the TF32 switches as they were before the run
         if ctx is not None:
-            ctx.close()
+            ctx.close(finished=finished)
 
 
 def _train(run: Run, progress: Progress | None, *, given_task: bool = False) -> TrainResult:
