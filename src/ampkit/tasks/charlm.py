@@ -17,14 +17,16 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ampkit.errors import UsageError
 from ampkit.tasks import Task
 
-__all__ = ["make_task", "CharLM", "Block", "load_corpus", "windows"]
+__all__ = ["Block", "ByteData", "CharLM", "load_corpus", "make_task", "windows"]
 
 VAL_FRACTION = 0.1
 EVAL_WINDOWS = 16
@@ -129,6 +131,50 @@ def windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> tuple[tor
     return chunk[:, :-1], chunk[:, 1:]
 
 
+@dataclass(frozen=True)
+class ByteData:
+    """A byte corpus split for a language model (the last tenth validates) and the two ways the tasks read it:
+    ``batch(step)``, pure in (seed, step) so resume and FP32-vs-AMP runs agree, and ``evaluate``, the loss
+    over fixed validation windows (the same for every seed)."""
+
+    data: torch.Tensor
+    train: torch.Tensor
+    val: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    seed: int
+    seq_len: int
+    batch_size: int
+
+    @classmethod
+    def split(cls, seed: int, corpus_bytes: int, seq_len: int, batch_size: int, eval_windows: int, *,
+              name: str) -> ByteData:
+        data = load_corpus(corpus_bytes)
+        n_val = int(len(data) * VAL_FRACTION)
+        train, val = data[: len(data) - n_val], data[len(data) - n_val:]
+        if len(val) <= seq_len + 1:
+            raise UsageError(f"{name}: a corpus of {len(data)} bytes leaves {len(val)} validation bytes, too few "
+                             f"for seq_len={seq_len}; raise corpus_bytes to at least {20 * (seq_len + 2)}")
+        starts = torch.randint(0, len(val) - seq_len, (eval_windows,),
+                               generator=torch.Generator().manual_seed(EVAL_SEED))
+        x_val, y_val = windows(val, starts, seq_len)
+        return cls(data, train, val, x_val, y_val, seed, seq_len, batch_size)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(0, len(self.train) - self.seq_len, (self.batch_size,), generator=g)
+        return windows(self.train, starts, self.seq_len)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        total = torch.zeros((), device=device)
+        for i in range(0, len(self.x_val), self.batch_size):  # chunks of batch_size bound the memory
+            x, y = self.x_val[i:i + self.batch_size].to(device), self.y_val[i:i + self.batch_size].to(device)
+            logits = model(x)
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
+        val_loss = (total / self.y_val.numel()).item()
+        return {"loss": val_loss, "bits_per_byte": val_loss / math.log(2)}
+
+
 def make_task(seed: int = 0, batch_size: int = 16, seq_len: int = 64, d_model: int = 64, n_layers: int = 2,
               n_heads: int = 4, vocab: str = "bytes", corpus_bytes: int = 400_000,
               vocab_size: int = 256) -> Task:
@@ -145,35 +191,12 @@ def make_task(seed: int = 0, batch_size: int = 16, seq_len: int = 64, d_model: i
         raise ValueError("batch_size, seq_len, d_model, n_layers and n_heads must be positive")
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-    data = load_corpus(corpus_bytes)
-    n_val = int(len(data) * VAL_FRACTION)
-    train, val = data[: len(data) - n_val], data[len(data) - n_val:]
-    if len(val) <= seq_len + 1:
-        raise ValueError(f"corpus of {len(data)} bytes leaves {len(val)} validation bytes, too few for "
-                         f"seq_len={seq_len}; raise corpus_bytes to at least {20 * (seq_len + 2)}")
-
+    data = ByteData.split(seed, corpus_bytes, seq_len, batch_size, EVAL_WINDOWS, name="charlm")
     model = CharLM(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_len=seq_len)
-    eval_starts = torch.randint(0, len(val) - seq_len, (EVAL_WINDOWS,),
-                                generator=torch.Generator().manual_seed(EVAL_SEED))
-    x_val, y_val = windows(val, eval_starts, seq_len)
-
-    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # A generator per (seed, step): batch(step) is pure, so resume and FP32-vs-AMP runs agree.
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        return windows(train, torch.randint(0, len(train) - seq_len, (batch_size,), generator=g), seq_len)
 
     def loss(model: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         logits = model(b[0])
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), b[1].reshape(-1))
-
-    def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
-        total = torch.zeros((), device=device)
-        for i in range(0, EVAL_WINDOWS, batch_size):  # chunks of batch_size bound the memory
-            x, y = x_val[i:i + batch_size].to(device), y_val[i:i + batch_size].to(device)
-            logits = model(x)
-            total += F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
-        val_loss = (total / y_val.numel()).item()
-        return {"loss": val_loss, "bits_per_byte": val_loss / math.log(2)}
 
     tokens = batch_size * seq_len
     # Position embeddings are a lookup, not a matmul; the tied head counts once, as the head matmul.
@@ -182,9 +205,9 @@ def make_task(seed: int = 0, batch_size: int = 16, seq_len: int = 64, d_model: i
     return Task(
         name="charlm",
         model=model,
-        batch=batch,
+        batch=data.batch,
         loss=loss,
-        evaluate=evaluate,
+        evaluate=data.evaluate,
         metric="loss",
         higher_is_better=False,
         samples_per_batch=batch_size,
@@ -194,8 +217,8 @@ def make_task(seed: int = 0, batch_size: int = 16, seq_len: int = 64, d_model: i
         default_steps=200,
         flops_per_step=float(flops),
         description=(f"byte-level causal transformer (d_model={d_model}, {n_layers} layers, {n_heads} heads, "
-                     f"seq_len={seq_len}) on {len(data):,} bytes of Python's standard library; "
+                     f"seq_len={seq_len}) on {len(data.data):,} bytes of Python's standard library; "
                      f"metric: validation loss (nats/byte)"),
-        extra={"n_params": n_params, "corpus_bytes": len(data), "n_train_bytes": len(train),
-               "n_val_bytes": len(val), "seq_len": seq_len, "vocab_size": vocab_size},
+        extra={"n_params": n_params, "corpus_bytes": len(data.data), "n_train_bytes": len(data.train),
+               "n_val_bytes": len(data.val), "seq_len": seq_len, "vocab_size": vocab_size},
     )

@@ -25,9 +25,9 @@ from torch import nn
 
 from ampkit.errors import UsageError
 from ampkit.tasks import Task
-from ampkit.tasks.charlm import EVAL_SEED, VAL_FRACTION, load_corpus, windows
+from ampkit.tasks.charlm import ByteData
 
-__all__ = ["make_task", "LlamaLM", "Block", "RMSNorm", "check_shape"]
+__all__ = ["Block", "LlamaLM", "RMSNorm", "check_shape", "make_task"]
 
 
 class RMSNorm(nn.Module):
@@ -131,48 +131,28 @@ def make_task(seed: int = 0, batch_size: int = 8, seq_len: int = 128, d_model: i
         raise UsageError("llama: batch_size, seq_len, n_layers, ffn, eval_windows and warmup must be positive")
     if vocab_size < 256:
         raise UsageError(f"llama: vocab_size={vocab_size} cannot hold the 256 byte values; use 256 or more")
-    data = load_corpus(corpus_bytes)
-    n_val = int(len(data) * VAL_FRACTION)
-    train, val = data[: len(data) - n_val], data[len(data) - n_val:]
-    if len(val) <= seq_len + 1:
-        raise UsageError(f"llama: a corpus of {len(data)} bytes leaves {len(val)} validation bytes, too few for "
-                         f"seq_len={seq_len}; raise corpus_bytes to at least {20 * (seq_len + 2)}")
+    data = ByteData.split(seed, corpus_bytes, seq_len, batch_size, eval_windows, name="llama")
     model = LlamaLM(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                     n_kv_heads=n_kv_heads, ffn=ffn, seq_len=seq_len)
-    starts = torch.randint(0, len(val) - seq_len, (eval_windows,), generator=torch.Generator().manual_seed(EVAL_SEED))
-    x_val, y_val = windows(val, starts, seq_len)
-
-    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        return windows(train, torch.randint(0, len(train) - seq_len, (batch_size,), generator=g), seq_len)
 
     def loss(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         logits = m(b[0])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), b[1].reshape(-1))
-
-    def evaluate(m: nn.Module, device: torch.device) -> dict[str, float]:
-        total = torch.zeros((), device=device)
-        for i in range(0, eval_windows, batch_size):  # chunks of batch_size bound the memory
-            x, y = x_val[i:i + batch_size].to(device), y_val[i:i + batch_size].to(device)
-            logits = m(x)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
-        val_loss = (total / y_val.numel()).item()
-        return {"loss": val_loss, "bits_per_byte": val_loss / math.log(2)}
 
     n_params = sum(p.numel() for p in model.parameters())
     matmul = n_params - model.embed.weight.numel()  # the embedding is a lookup
     tokens = batch_size * seq_len
     size = f"{n_params / 1e9:.2f}B" if n_params >= 1e9 else f"{n_params / 1e6:.1f}M"
     return Task(
-        name="llama", model=model, batch=batch, loss=loss, evaluate=evaluate, metric="loss",
+        name="llama", model=model, batch=data.batch, loss=loss, evaluate=data.evaluate, metric="loss",
         higher_is_better=False, samples_per_batch=batch_size, tokens_per_batch=tokens, lr=lr,
         weight_decay=weight_decay, default_steps=200,
         flops_per_step=float((6 * matmul + 6 * n_layers * d_model * seq_len) * tokens),
         make_scheduler=_warmup_cosine(warmup, 0.1),
         description=(f"Llama-style decoder ({size}: d={d_model}, {n_layers} layers, {n_heads}/{n_kv_heads} heads, "
-                     f"SwiGLU {ffn}) on {len(data):,} bytes of Python's standard library, {batch_size} x "
+                     f"SwiGLU {ffn}) on {len(data.data):,} bytes of Python's standard library, {batch_size} x "
                      f"{seq_len} bytes a step, lr {lr:g} (warmup {warmup}, cosine to a tenth); metric: "
                      f"validation loss (nats/byte) on {eval_windows} windows"),
-        extra={"n_params": n_params, "corpus_bytes": len(data), "n_train_bytes": len(train),
-               "n_val_bytes": len(val), "seq_len": seq_len, "vocab_size": vocab_size, "eval_windows": eval_windows},
+        extra={"n_params": n_params, "corpus_bytes": len(data.data), "n_train_bytes": len(data.train),
+               "n_val_bytes": len(data.val), "seq_len": seq_len, "vocab_size": vocab_size, "eval_windows": eval_windows},
     )
