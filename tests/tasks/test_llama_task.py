@@ -68,3 +68,10 @@ def test_one_step_lowers_the_loss_and_evaluate_reads_the_validation_windows():
 def test_bad_options_are_one_line(bad, message):
     with pytest.raises(UsageError, match=message):
         ampkit.load_task("llama", options={**TINY, **bad})
+
+
+def test_the_model_is_built_on_the_runs_device():
+    # The meta device stands for an accelerator: no memory, but where each parameter was created shows.
+    task = ampkit.load_task("llama", options=TINY, device="meta")
+    assert {p.device.type for p in task.model.parameters()} == {"meta"}
+    assert task.batch(0)[0].device.type == "cpu"  # batches stay on the host; the trainer moves them

@@ -123,17 +123,20 @@ def _warmup_cosine(warmup: int, final: float):
 def make_task(seed: int = 0, batch_size: int = 8, seq_len: int = 128, d_model: int = 64, n_layers: int = 2,
               n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 172, vocab_size: int = 256,
               corpus_bytes: int = 1_000_000, eval_windows: int = 64, lr: float = 1e-3, warmup: int = 10,
-              weight_decay: float = 0.1) -> Task:
+              weight_decay: float = 0.1, device: torch.device | str | None = None) -> Task:
     """Build the task; weights come from the global RNG ``load_task`` seeds (so FP32 and AMP runs of a seed
-    start from the same weights), batches from a generator per (seed, step)."""
+    start from the same weights), batches from a generator per (seed, step). ``device`` (ampkit passes the
+    run's): the model is built there, so a 2B model initializes on the accelerator in a moment instead of
+    tens of seconds on the host."""
     check_shape(d_model, n_heads, n_kv_heads)
     if min(batch_size, seq_len, n_layers, ffn, eval_windows, warmup) < 1:
         raise UsageError("llama: batch_size, seq_len, n_layers, ffn, eval_windows and warmup must be positive")
     if vocab_size < 256:
         raise UsageError(f"llama: vocab_size={vocab_size} cannot hold the 256 byte values; use 256 or more")
     data = ByteData.split(seed, corpus_bytes, seq_len, batch_size, eval_windows, name="llama")
-    model = LlamaLM(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                    n_kv_heads=n_kv_heads, ffn=ffn, seq_len=seq_len)
+    with torch.device(device if device is not None else "cpu"):
+        model = LlamaLM(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                        n_kv_heads=n_kv_heads, ffn=ffn, seq_len=seq_len)
 
     def loss(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         logits = m(b[0])

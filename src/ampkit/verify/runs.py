@@ -91,7 +91,9 @@ class RunPlan:
         if seed in self.inits:
             task.model.load_state_dict(self.inits[seed])  # the same initial weights, whatever the factory does
         else:
-            self.inits[seed] = copy.deepcopy(task.model.state_dict())
+            # Kept on the host: a comparison of N seeds of a large model must not hold N copies on the device.
+            self.inits[seed] = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                                for k, v in task.model.state_dict().items()}
         return task
 
     def run(self, seed: int, precision: Precision, *, fp32_modules: tuple[str, ...] = (), lr: float | None = None,
