@@ -2,6 +2,9 @@
 against on the run's device (the factory's ``device``), with the initial-weights copy either way.
 
     python benchmarks/task_build_cost.py OUT.json      # on a machine with an accelerator
+
+Recorded: benchmarks/results/h200-2026-12-02-logs/task-build-cost.json (one H200, 16 host cores, torch 2.11):
+host build and move 33.6-35.6 s, on the device 0.1-0.3 s; the initial weights copied to the host 6.0-7.2 s.
 """
 
 from __future__ import annotations
