@@ -79,14 +79,14 @@ def test_fewer_seeds_no_folder_and_old_files_are_one_line(tmp_path):
 
 def test_a_non_finite_run_survives_the_round_trip(tmp_path):
     result = _compare(tmp_path / "c", 2)
-    runs, _ = load_prior(tmp_path / "c", result.continuation["settings"])
+    runs = load_prior(tmp_path / "c", result.continuation["settings"])
     run = runs["amp"][1]
     run.final, run.result.history[-1]["loss"] = math.nan, math.inf
     rec = json.loads(json.dumps(run_record(run), allow_nan=False))  # strict JSON, as compare.json is
     data = json.loads((tmp_path / "c" / "compare.json").read_text())
     data["continuation"]["runs"]["amp"]["1"] = rec
     (tmp_path / "c" / "compare.json").write_text(json.dumps(data))
-    again, _ = load_prior(tmp_path / "c", result.continuation["settings"])
+    again = load_prior(tmp_path / "c", result.continuation["settings"])
     assert math.isnan(again["amp"][1].final) and again["amp"][1].result.history[-1]["loss"] == math.inf
     cont = _compare(tmp_path / "c", 2, resume=True)
     assert cont.verdict == "fail" and any("not finite" in r or "non-finite" in r for r in cont.reasons)

@@ -279,7 +279,7 @@ def _prior(plan: RunPlan, out: str | Path | None, key: dict[str, Any], explain: 
         raise UsageError("--continue adds seeds to the comparison in --out DIR: give --out")
     if explain:
         raise UsageError("--continue and --explain: continue the comparison first, then run --explain on its own")
-    prior, _ = load_prior(out, key)
+    prior = load_prior(out, key)
     extra = sorted(set(prior["fp32"]) - set(plan.seeds))
     if extra:
         raise UsageError(f"--continue: {out} already holds seeds {_seeds_text(sorted(prior['fp32']))}; give "

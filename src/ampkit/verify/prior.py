@@ -79,8 +79,8 @@ def _run(seed: int, rec: dict[str, Any], task: str) -> Run:
                wall_s=rec["wall_s"], fp32_modules=())
 
 
-def load_prior(out: str | Path, key: dict[str, Any]) -> tuple[dict[str, dict[int, Run]], dict[str, Any]]:
-    """The runs of the comparison in ``out`` (by side and seed) and its ratios, after checking that it was run
+def load_prior(out: str | Path, key: dict[str, Any]) -> dict[str, dict[int, Run]]:
+    """The runs of the comparison in ``out`` (by side and seed), after checking that it was run
     with the same ``key``; a one-line :class:`UsageError` when there is none or it differs."""
     path = Path(out) / "compare.json"
     if not path.is_file():
@@ -107,4 +107,4 @@ def load_prior(out: str | Path, key: dict[str, Any]) -> tuple[dict[str, dict[int
         raise UsageError(f"{path}: its recorded runs are damaged: run into another --out") from None
     if set(runs["fp32"]) != set(runs["amp"]):
         raise UsageError(f"{path}: its FP32 and AMP runs are not of the same seeds: run into another --out")
-    return runs, data.get("ratios") or {}
+    return runs
