@@ -10,6 +10,14 @@ and seconds per part). The cost models are cached in ``$AMPKIT_FP8_COST_CACHE`` 
 into $OUT, so the probe's figures (with their provenance) come back with every result. torchao is
 installed from a carried ``.whl/`` when it is not importable. Every part fits a 10-minute call; ``probe``
 first is cheapest (the other parts probe what they need themselves when it did not run).
+
+A compare part needs more seeds than one call holds? ``SEEDS=N`` replaces its ``--seeds``, and ``KEEP=.cmp``
+(a folder carried to the device and back) keeps its ``--out`` there: when that folder already holds a
+``compare.json``, the part adds ``--continue``, so a later call trains only the missing seeds::
+
+    SEEDS=5 KEEP=.cmp OUT=/tmp/out python benchmarks/fp8_plan_h200.py compare-llama   # call 1: seeds 0-4
+    # copy $OUT/<name>.json back to .cmp/fp8plan-<name>/compare.json, then carry .cmp again:
+    SEEDS=8 KEEP=.cmp OUT=/tmp/out python benchmarks/fp8_plan_h200.py compare-llama   # call 2: seeds 5-7
 """
 
 from __future__ import annotations
@@ -133,6 +141,20 @@ def probe() -> dict:
     return out
 
 
+def _compare_folder(name: str) -> str:
+    """A compare part's ``--out``: under ``$KEEP`` when set (carried between calls), else a scratch folder."""
+    name = "fp8plan-" + name.split("-fp8plan-", 1)[-1]  # the card and date stay out: a later day continues it
+    return os.path.join(os.environ["KEEP"], name) if os.environ.get("KEEP") else os.path.join("/tmp", name)
+
+
+def _seeds(argv: list[str]) -> list[str]:
+    """The command with ``$SEEDS`` in place of its ``--seeds`` (unchanged when SEEDS is not set)."""
+    if not os.environ.get("SEEDS"):
+        return argv
+    i = argv.index("--seeds")
+    return [*argv[:i + 1], os.environ["SEEDS"], *argv[i + 2:]]
+
+
 def run_part(part: str, out_dir: str, tag: str, log) -> None:
     what, limit, commands = PARTS[part]
     t_start = time.perf_counter()
@@ -142,7 +164,10 @@ def run_part(part: str, out_dir: str, tag: str, log) -> None:
         if argv == ["probe"]:
             cmd = [PY, __file__, "--probe-json", os.path.join(out_dir, name + ".json")]
         elif argv[0] == "compare":
-            cmd = [PY, "-m", "ampkit", *argv, "--json", "--out", f"/tmp/fp8plan-{name}"]
+            folder = _compare_folder(name)
+            cmd = [PY, "-m", "ampkit", *_seeds(argv), "--json", "--out", folder]
+            if os.path.exists(os.path.join(folder, "compare.json")):
+                cmd.append("--continue")
         else:
             cmd = [PY, "-m", "ampkit", *argv, "--json", "--out", os.path.join(out_dir, name + ".json")]
         t0 = time.perf_counter()
@@ -151,8 +176,8 @@ def run_part(part: str, out_dir: str, tag: str, log) -> None:
             rc, tail = done.returncode, (done.stdout[-1500:] if argv[0] == "compare" else "") + done.stderr[-3000:]
         except subprocess.TimeoutExpired:
             rc, tail = 124, f"stopped after {left} s"
-        if argv[0] == "compare" and os.path.exists(f"/tmp/fp8plan-{name}/compare.json"):
-            shutil.copy(f"/tmp/fp8plan-{name}/compare.json", os.path.join(out_dir, name + ".json"))
+        if argv[0] == "compare" and os.path.exists(os.path.join(_compare_folder(name), "compare.json")):
+            shutil.copy(os.path.join(_compare_folder(name), "compare.json"), os.path.join(out_dir, name + ".json"))
         log(f"{name}: exit {rc} after {time.perf_counter() - t0:.0f} s")
         if rc != 0:
             with open(os.path.join(out_dir, name + ".log"), "w") as fh:
