@@ -89,7 +89,8 @@ _ALL: tuple[CodeInfo, ...] = (
        "run fails, or on some cards runs through slow or unverified emulation",
        "use the dtype the device supports (`ampkit doctor` names it: BF16 where the card has it; MTT "
        "S80/S3000: `dtype=torch.float16` with a GradScaler), or check first with "
-       "`ampkit doctor --precision bf16`"),
+       "`ampkit doctor --precision bf16`; a layer with no low-precision kernel at all here (an LSTM on a CPU "
+       "without AVX-512) runs in FP32 under `torch.autocast(device_type, enabled=False)`"),
     _c("scale-collapse", (DIAGNOSE,),
        "the loss scale keeps falling",
        "something overflows FP16 on most steps: the GradScaler skips them and backs off until the scale is "

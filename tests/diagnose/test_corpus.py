@@ -24,6 +24,16 @@ CORPUS = Path(__file__).parent / "corpus"
 SCRIPTS = sorted(p.stem for p in CORPUS.glob("*.py"))
 
 
+def _cpu_dependent(name: str) -> list[dict]:
+    """Findings that are right only on some CPUs: lstm_tagger's BF16 LSTM has no oneDNN kernel without
+    AVX-512, so there the run fails and diagnose says so (the golden files hold the AVX-512 answer)."""
+    from _cpu import lstm_runs_in  # tests/diagnose is on sys.path (rootdir import)
+
+    if name == "lstm_tagger" and not lstm_runs_in(torch.bfloat16):
+        return [{"code": "dtype-unsupported", "where": "lstm_tagger.py:18"}]
+    return []
+
+
 def test_corpus_is_large_and_mixed():
     planted = [s for s in SCRIPTS if "Planted:" in (CORPUS / f"{s}.py").read_text()]
     assert len(SCRIPTS) >= 10 and len(planted) >= 6 and len(SCRIPTS) - len(planted) >= 5
@@ -42,7 +52,7 @@ def test_corpus_script_matches_golden(name, monkeypatch, caplog):
     golden = CORPUS / "golden" / f"{name}.json"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(json.dumps(got, indent=2) + "\n")
-    assert got == json.loads(golden.read_text()), result.findings
+    assert got == json.loads(golden.read_text()) + _cpu_dependent(name), result.findings
     assert all(f.fix and f.message for f in result.findings)
     assert "_orig_mod" not in json.dumps([f.to_dict() for f in result.findings])
     noisy = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught

@@ -114,8 +114,28 @@ def test_clip_fix_names_the_function_called(tmp_path):
     assert "clip_grad_value_" in f.fix and "clip_grad_norm_" not in f.fix and "`clip_grad_value_`" in f.message
 
 
-def test_fp16_lstm_on_the_cpu_gets_use_bf16_here():
+def test_fp16_lstm_on_the_cpu_gets_the_fix_this_cpu_runs():
+    from _cpu import lstm_runs_in  # tests/diagnose is on sys.path (rootdir import)
+
     (f,) = diagnose_script(os.path.join(SCRIPTS, "lstm_fp16.py")).findings
-    assert f.code == "dtype-unsupported"
-    assert f.fix.startswith("use BF16 here") and "dtype=torch.bfloat16" in f.fix
-    assert "fix the error shown" not in f.fix
+    assert f.code == "dtype-unsupported" and "fix the error shown" not in f.fix
+    if lstm_runs_in(torch.bfloat16):  # AVX-512: oneDNN has a BF16 LSTM
+        assert f.fix.startswith("use BF16 here") and "dtype=torch.bfloat16" in f.fix
+    else:  # AVX2 only: BF16 would fail the same way, so the fix is the LSTM in FP32
+        assert f.fix.startswith("run the LSTM in FP32") and "enabled=False" in f.fix and "BF16 here" not in f.fix
+
+
+@pytest.mark.parametrize("bf16_runs", [True, False])
+def test_dtype_fix_names_bf16_only_where_the_failing_rnn_runs_in_it(monkeypatch, bf16_runs):
+    # both branches on any CPU: the probe's answer is replaced
+    import ampkit.diagnose.runner as runner
+
+    monkeypatch.setattr(runner, "_bf16_rnn_runs", lambda kind, dev: bf16_runs)
+    inst = type("Inst", (), {"devices_seen": {"cpu"}})()
+    line = "RuntimeError: could not create a primitive descriptor for the GRU forward propagation primitive"
+    fix = runner._dtype_fix({torch.float16}, inst, line)
+    assert fix.startswith("use BF16 here") if bf16_runs else fix.startswith("run the GRU in FP32")
+    # an op that is not recurrent: the device's BF16 support alone decides, no probe
+    monkeypatch.setattr(runner, "_bf16_rnn_runs", lambda kind, dev: pytest.fail("probed a non-recurrent op"))
+    assert runner._dtype_fix({torch.float16}, inst, '"addmm_impl_cpu_" not implemented for \'Half\'').startswith(
+        "use BF16 here")

@@ -8,7 +8,9 @@ own end, at ``sys.exit``, or at an exception, which is mapped to a finding where
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -201,7 +203,7 @@ def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None
     if any(m in low for m in _NO_KERNEL_MARKERS) and (low_dtypes or "not implemented for" in low):
         return Finding(code="dtype-unsupported",
                        message=f"an op has no kernel for this dtype on this device: {line}", where=where,
-                       fix=_dtype_fix(low_dtypes, inst), step=inst.step)
+                       fix=_dtype_fix(low_dtypes, inst, line), step=inst.step)
     try:
         named = next((Device(t, 0) for t in ("musa", "cuda") if f"{t} error" in low), None)
         seen = next((Device(t, 0) for t in sorted(inst.devices_seen) if t != "cpu"), None)
@@ -259,13 +261,42 @@ def _failing_function(exc: BaseException) -> tuple[str, bool] | None:
     return found
 
 
-def _dtype_fix(low_dtypes: set, inst: Instrumentation) -> str:
-    """Name the dtype that works here: BF16 when the run used FP16 and this device has BF16 (the one
-    precision decision, :func:`ampkit.device.policy.supports`), else the registry's generic fix."""
+def _dtype_fix(low_dtypes: set, inst: Instrumentation, line: str = "") -> str:
+    """Name the dtype that works here: BF16 when the run used FP16, this device has BF16 (the one
+    precision decision, :func:`ampkit.device.policy.supports`) and the failing op runs in BF16 here (a
+    CPU without AVX-512 has neither an FP16 nor a BF16 LSTM), else the registry's generic fix."""
     from ampkit.device.policy import supports
 
     dev = next((t for t in sorted(inst.devices_seen) if t != "cpu"), "cpu")
-    if torch.float16 in low_dtypes and supports("bf16", dev):
+    rnn = _RNN_PRIMITIVE.search(line)
+    if rnn is not None and not _bf16_rnn_runs(rnn.group(1), dev):
+        return (f"run the {rnn.group(1)} in FP32: call it under `with torch.autocast({dev!r}, enabled=False):` "
+                "with FP32 inputs (`x.float()`), the rest of the model keeps autocast: this device has neither "
+                "an FP16 nor a BF16 kernel for it (a CPU without AVX-512 has none)")
+    if torch.float16 in low_dtypes and supports("bf16", dev) and _bf16_runs(line, dev):
         return (f"use BF16 here: `torch.autocast({dev!r}, dtype=torch.bfloat16)` (no GradScaler needed; "
                 f"`ampkit train --precision bf16`): this device has no FP16 kernel for the op")
     return fix_for("dtype-unsupported")
+
+
+# oneDNN names the recurrent primitive it could not build ("... for the LSTM forward propagation primitive").
+_RNN_PRIMITIVE = re.compile(r"\b(LSTM|GRU|RNN)\b")
+
+
+def _bf16_runs(line: str, dev: str) -> bool:
+    """Whether the op of the error ``line`` runs under BF16 autocast on ``dev``: tried on a tiny module of
+    the same kind for recurrent layers (the ops whose kernels differ by CPU); for other ops the device's
+    BF16 support decides (True)."""
+    m = _RNN_PRIMITIVE.search(line)
+    return True if m is None else _bf16_rnn_runs(m.group(1), dev)
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_rnn_runs(kind: str, dev: str) -> bool:
+    layer = getattr(torch.nn, kind)(4, 4).to(dev)
+    try:
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            layer.forward(torch.zeros(1, 2, 4, device=dev))  # forward, not __call__: no script hook sees it
+    except RuntimeError:
+        return False
+    return True
