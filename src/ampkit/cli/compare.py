@@ -52,7 +52,10 @@ def register(sub, formatter_class):
     p.add_argument("--log-every", type=int, default=None, metavar="L",
                    help="steps per point of the loss curves (default: about 40 points)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
-    p.add_argument("--out", default="runs/compare", metavar="DIR", help="compare.json, report.html and PNGs go here")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="compare.json, report.html and PNGs go here; a folder that already holds a comparison is "
+                        "refused (default: runs/compare, or runs/compare-2, -3, ... when it holds one; with "
+                        "--continue the newest)")
     p.add_argument("--continue", dest="resume", action="store_true",
                    help="add seeds to the comparison already in --out: its runs are kept when every setting is the "
                         "same (else refused), only the missing seeds of --seeds N train, and all are judged")
@@ -142,6 +145,10 @@ def run(args) -> int:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.log_every is not None and args.log_every < 1:
         raise UsageError(f"--log-every must be >= 1, got {args.log_every}")
+    if args.out is None:
+        from ampkit.verify.prior import default_out
+
+        args.out = str(default_out(resume=bool(getattr(args, "resume", False)) and args.script is None))
     if args.script is not None:
         return _run_script(args)
     if args.metric is not None or args.metric_mode is not None:

@@ -42,7 +42,7 @@ from ampkit.device.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
 from ampkit.verify.band import MARGINS
 from ampkit.verify.judge import SETTINGS, Verdict, judge
-from ampkit.verify.prior import SCHEMA, load_prior, run_record, settings
+from ampkit.verify.prior import SCHEMA, load_prior, refuse_existing, run_record, settings
 from ampkit.verify.result import CompareResult
 from ampkit.training.speed import describe, speed_ratio
 from ampkit.verify.runs import Run, RunPlan, median, outcome
@@ -238,6 +238,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
     _check_numbers(explain_budget, explain_factor, tolerance)
+    refuse_existing(out, resume=resume)
     plan, regions, region_names = _plan(task_factory, precision, device, task_options, seeds, steps, log_every, lr,
                                         graph, fp32_modules, out)
     plan.fp8_recipe, plan.fp8_layers = fp8_recipe, fp8_layers

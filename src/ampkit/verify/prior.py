@@ -20,9 +20,44 @@ from ampkit.errors import UsageError
 from ampkit.training.trainer import TrainResult
 from ampkit.verify.runs import Run
 
-__all__ = ["settings", "run_record", "load_prior", "SCHEMA"]
+__all__ = ["settings", "run_record", "load_prior", "refuse_existing", "default_out", "SCHEMA"]
 
 SCHEMA = 1  # the layout of ``continuation`` in compare.json
+
+
+def refuse_existing(out: str | Path | None, *, resume: bool, script: bool = False) -> None:
+    """``--out`` on a folder that already holds a comparison, without ``--continue``: one line, exit 2, nothing
+    touched (a second comparison would replace its verdict, or mix its runs with the old ones). A folder with
+    other files holds no comparison."""
+    if out is None or resume or not Path(out).is_dir():
+        return
+    runs = Path(out) / "runs"
+    found = [name for name, there in (("compare.json", (Path(out) / "compare.json").exists()),
+                                      ("runs/", runs.is_dir() and any(runs.iterdir()))) if there]
+    if found:
+        how = "" if script else "add seeds to it with --continue (same settings, more --seeds), or "
+        raise UsageError(f"--out {out} already holds a comparison ({', '.join(found)}): {how}give a fresh --out "
+                         "folder (nothing was changed)")
+
+
+def _holds_comparison(folder: Path) -> bool:
+    runs = folder / "runs"
+    return (folder / "compare.json").exists() or (runs.is_dir() and any(runs.iterdir()))
+
+
+def default_out(*, resume: bool, base: str | Path = "runs/compare") -> Path:
+    """The folder of a comparison when ``--out`` is not given: ``runs/compare``, or the first of
+    ``runs/compare-2``, ``-3``, ... that holds none, so a second comparison never replaces the first;
+    with ``--continue``, the newest that holds one."""
+    base = Path(base)
+    taken = [base] if _holds_comparison(base) else []
+    n = 2
+    while _holds_comparison(base.with_name(f"{base.name}-{n}")):
+        taken.append(base.with_name(f"{base.name}-{n}"))
+        n += 1
+    if resume:
+        return taken[-1] if taken else base
+    return base if not taken or base not in taken else base.with_name(f"{base.name}-{n}")
 
 
 def _plain(value: Any) -> Any:

@@ -33,6 +33,7 @@ from ampkit.device.policy import bf16_advice
 from ampkit.verify.band import MARGINS, RunOutcome
 from ampkit.verify.judge import judge
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
+from ampkit.verify.prior import refuse_existing
 
 __all__ = ["compare_script", "higher_is_better", "metric_name", "window_curve"]
 
@@ -161,6 +162,7 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         raise UsageError(f"--log-every must be >= 1, got {log_every}")
     regex = _compile(metric)
     higher = higher_is_better(metric, metric_mode) if metric else False
+    refuse_existing(out, resume=False, script=True)
     tmp = tempfile.TemporaryDirectory(prefix="ampkit-compare-") if out is None else None
     base = (prepare_folder(out) if out is not None else Path(tmp.name)) / "runs"
     try:
