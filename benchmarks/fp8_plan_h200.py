@@ -161,10 +161,10 @@ def run_part(part: str, out_dir: str, tag: str, log) -> None:
     for suffix, argv in commands:
         name = f"{tag}-fp8plan-{part}" + (f"-{suffix}" if suffix else "")
         left = max(30, int(limit - (time.perf_counter() - t_start)))
+        folder = _compare_folder(name) if argv[0] == "compare" else None
         if argv == ["probe"]:
             cmd = [PY, __file__, "--probe-json", os.path.join(out_dir, name + ".json")]
-        elif argv[0] == "compare":
-            folder = _compare_folder(name)
+        elif folder is not None:
             cmd = [PY, "-m", "ampkit", *_seeds(argv), "--json", "--out", folder]
             if os.path.exists(os.path.join(folder, "compare.json")):
                 cmd.append("--continue")
@@ -176,8 +176,8 @@ def run_part(part: str, out_dir: str, tag: str, log) -> None:
             rc, tail = done.returncode, (done.stdout[-1500:] if argv[0] == "compare" else "") + done.stderr[-3000:]
         except subprocess.TimeoutExpired:
             rc, tail = 124, f"stopped after {left} s"
-        if argv[0] == "compare" and os.path.exists(os.path.join(_compare_folder(name), "compare.json")):
-            shutil.copy(os.path.join(_compare_folder(name), "compare.json"), os.path.join(out_dir, name + ".json"))
+        if folder is not None and os.path.exists(os.path.join(folder, "compare.json")):
+            shutil.copy(os.path.join(folder, "compare.json"), os.path.join(out_dir, name + ".json"))
         log(f"{name}: exit {rc} after {time.perf_counter() - t0:.0f} s")
         if rc != 0:
             with open(os.path.join(out_dir, name + ".log"), "w") as fh:

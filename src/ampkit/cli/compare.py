@@ -148,7 +148,7 @@ def run(args) -> int:
     if args.out is None:
         from ampkit.verify.prior import default_out
 
-        args.out = str(default_out(resume=bool(getattr(args, "resume", False)) and args.script is None))
+        args.out = str(default_out(resume=args.resume and args.script is None))
     if args.script is not None:
         return _run_script(args)
     if args.metric is not None or args.metric_mode is not None:

@@ -273,7 +273,7 @@ def _dtype_fix(low_dtypes: set, inst: Instrumentation, line: str = "") -> str:
         return (f"run the {rnn.group(1)} in FP32: call it under `with torch.autocast({dev!r}, enabled=False):` "
                 "with FP32 inputs (`x.float()`), the rest of the model keeps autocast: this device has neither "
                 "an FP16 nor a BF16 kernel for it (a CPU without AVX-512 has none)")
-    if torch.float16 in low_dtypes and supports("bf16", dev) and _bf16_runs(line, dev):
+    if torch.float16 in low_dtypes and supports("bf16", dev):
         return (f"use BF16 here: `torch.autocast({dev!r}, dtype=torch.bfloat16)` (no GradScaler needed; "
                 f"`ampkit train --precision bf16`): this device has no FP16 kernel for the op")
     return fix_for("dtype-unsupported")
@@ -283,16 +283,9 @@ def _dtype_fix(low_dtypes: set, inst: Instrumentation, line: str = "") -> str:
 _RNN_PRIMITIVE = re.compile(r"\b(LSTM|GRU|RNN)\b")
 
 
-def _bf16_runs(line: str, dev: str) -> bool:
-    """Whether the op of the error ``line`` runs under BF16 autocast on ``dev``: tried on a tiny module of
-    the same kind for recurrent layers (the ops whose kernels differ by CPU); for other ops the device's
-    BF16 support decides (True)."""
-    m = _RNN_PRIMITIVE.search(line)
-    return True if m is None else _bf16_rnn_runs(m.group(1), dev)
-
-
 @functools.lru_cache(maxsize=None)
 def _bf16_rnn_runs(kind: str, dev: str) -> bool:
+    """Whether a recurrent layer of ``kind`` (whose kernels differ by CPU) runs under BF16 autocast on ``dev``."""
     layer = getattr(torch.nn, kind)(4, 4).to(dev)
     try:
         with torch.autocast(dev, dtype=torch.bfloat16):

@@ -29,20 +29,18 @@ def refuse_existing(out: str | Path | None, *, resume: bool, script: bool = Fals
     """``--out`` on a folder that already holds a comparison, without ``--continue``: one line, exit 2, nothing
     touched (a second comparison would replace its verdict, or mix its runs with the old ones). A folder with
     other files holds no comparison."""
-    if out is None or resume or not Path(out).is_dir():
-        return
-    runs = Path(out) / "runs"
-    found = [name for name, there in (("compare.json", (Path(out) / "compare.json").exists()),
-                                      ("runs/", runs.is_dir() and any(runs.iterdir()))) if there]
+    found = [] if out is None or resume else _held(Path(out))
     if found:
         how = "" if script else "add seeds to it with --continue (same settings, more --seeds), or "
         raise UsageError(f"--out {out} already holds a comparison ({', '.join(found)}): {how}give a fresh --out "
                          "folder (nothing was changed)")
 
 
-def _holds_comparison(folder: Path) -> bool:
+def _held(folder: Path) -> list[str]:
+    """What of a comparison ``folder`` holds: ``compare.json``, and a SCRIPT comparison's non-empty ``runs/``."""
     runs = folder / "runs"
-    return (folder / "compare.json").exists() or (runs.is_dir() and any(runs.iterdir()))
+    return [name for name, there in (("compare.json", (folder / "compare.json").exists()),
+                                     ("runs/", runs.is_dir() and any(runs.iterdir()))) if there]
 
 
 def default_out(*, resume: bool, base: str | Path = "runs/compare") -> Path:
@@ -50,14 +48,13 @@ def default_out(*, resume: bool, base: str | Path = "runs/compare") -> Path:
     ``runs/compare-2``, ``-3``, ... that holds none, so a second comparison never replaces the first;
     with ``--continue``, the newest that holds one."""
     base = Path(base)
-    taken = [base] if _holds_comparison(base) else []
-    n = 2
-    while _holds_comparison(base.with_name(f"{base.name}-{n}")):
-        taken.append(base.with_name(f"{base.name}-{n}"))
-        n += 1
+    numbered = []  # runs/compare-2, -3, ... as long as each holds a comparison
+    while _held(base.with_name(f"{base.name}-{len(numbered) + 2}")):
+        numbered.append(base.with_name(f"{base.name}-{len(numbered) + 2}"))
+    held = ([base] if _held(base) else []) + numbered
     if resume:
-        return taken[-1] if taken else base
-    return base if not taken or base not in taken else base.with_name(f"{base.name}-{n}")
+        return held[-1] if held else base
+    return base.with_name(f"{base.name}-{len(numbered) + 2}") if held and held[0] == base else base
 
 
 def _plain(value: Any) -> Any:
