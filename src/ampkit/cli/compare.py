@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   ampkit compare --seeds 2 --steps 200 train.py --epochs 1          # YOUR script, unmodified: FP32 by switching
   ampkit compare --metric 'test accuracy ([0-9.]+)' train.py        # also judge a number the script prints
   ampkit compare --seeds 5 --tolerance 0.02      # accept up to 2 % worse than FP32, judged over 5 seeds
+  ampkit compare --seeds 8 --out runs/compare --continue   # INCONCLUSIVE at 3 seeds: train seeds 3-7 only
 
 With SCRIPT, each run is `python SCRIPT ARGS` in a fresh process: FP32 runs with every autocast and GradScaler
 switched off, AMP runs as written (or --precision bf16/fp16 forcing autocast's dtype); ampkit's seeds replace
