@@ -23,7 +23,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 OLD = "import torch\n\ndef step(model, x, ckpt):\n    with torch.cuda.amp.autocast():\n        return model(x)\n"
 # 500 implicitly concatenated strings: Python compiles it, libcst's metadata recurses too deep.
-DEEP = "import torch\nm = torch.load(f)\nx = (" + "'a'\n" * 600 + ")\n"
+# 600 implicitly concatenated strings nest 600 deep in libcst's tree, in a statement a rule reads
+DEEP = "import torch\nm = torch.load(\n" + "'a'\n" * 600 + ")\n"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -89,6 +89,9 @@ def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
 def string_value(node: cst.CSTNode | None) -> str | None:
     """The value of a plain (non-f, non-bytes) string literal, else None."""
     if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
+        raw = node.raw_value
+        if "\\" not in raw and "\r" not in raw:  # nothing to unescape: what literal_eval would give, without a parse
+            return raw
         value = node.evaluated_value
         return value if isinstance(value, str) else None
     return None

@@ -90,14 +90,16 @@ def _is_node(value: object) -> bool:
     return known
 
 
-def walk(root: cst.CSTNode, visitors: Sequence[cst.CSTVisitor]) -> None:
-    """Run ``visitors`` (plain :class:`libcst.CSTVisitor` subclasses) over ``root`` in one pass."""
+def walk(root: cst.CSTNode, visitors: Sequence[cst.CSTVisitor],
+         parents: dict[cst.CSTNode, cst.CSTNode] | None = None) -> None:
+    """Run ``visitors`` (plain :class:`libcst.CSTVisitor` subclasses) over ``root`` in one pass; ``parents``
+    gets child -> parent for every node the walk enters (before its visitors see it)."""
     active = [(v, _table(type(v))) for v in visitors]
     if active:
-        _visit(root, active)
+        _visit(root, active, parents)
 
 
-def _visit(node: cst.CSTNode, active: list) -> None:
+def _visit(node: cst.CSTNode, active: list, parents: dict | None) -> None:
     name = type(node).__name__
     below = []
     hooked = []
@@ -120,9 +122,13 @@ def _visit(node: cst.CSTNode, active: list) -> None:
             if type(value) is tuple or type(value) is list:
                 for child in value:
                     if _is_node(child):
-                        _visit(child, below)
+                        if parents is not None:
+                            parents[child] = node
+                        _visit(child, below, parents)
             elif _is_node(value):
-                _visit(value, below)
+                if parents is not None:
+                    parents[value] = node
+                _visit(value, below, parents)
             for v, attrs in hooked:
                 fn = attrs.get(attr, _NONE)[1]
                 if fn is not None:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ampkit.migrate._cst import dotted
-from ampkit.migrate._walk import walk
 
 if TYPE_CHECKING:
     from ampkit.migrate.context import Context
@@ -178,9 +177,9 @@ def _rewritable(api: str, call: cst.Call | None, decorator: bool) -> bool:
 def analyse(ctx: "Context") -> AmpRefs:
     """Find the references and decide which imports move."""
     imports = _Imports(ctx)
-    walk(ctx.module, [imports])
+    ctx.walk([imports])
     finder = _Refs(ctx, imports)
-    walk(ctx.module, [finder])
+    ctx.walk([finder])
     stuck_locals = {r.binding for r in finder.refs if r.binding and not r.rewrite}
     changed = True
     while changed:  # an import that cannot move pins every name it binds, and vice versa

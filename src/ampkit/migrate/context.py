@@ -12,6 +12,7 @@ from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 from ampkit.migrate._cst import dotted
 from ampkit.migrate._lines import start_lines
 from ampkit.migrate._walk import parents_of, walk
+from ampkit.migrate._text import as_pairs, quote_counts
 
 T = TypeVar("T")
 
@@ -25,10 +26,9 @@ _VERSION_TEST = re.compile(
     r"__version__|\bTORCH_\w*(?:\d|VERSION|GREATER|LESS|AVAILABLE)|torch_version|version\.parse|parse_version"
     r"|LooseVersion|digit_version|is_torch_\w+|\b(?:has|get)attr\(\s*torch\b|\bHAS_\w*AMP"
     r"|\bhas_native_amp\b|\bversion\s*[<>=]", re.IGNORECASE)
-_STAR_IMPORT = re.compile(r"\bimport\s*\*")
+_STAR_IMPORT = re.compile(r"import\s*\*")  # literal first: a fast search
 _FROM_TORCH = re.compile(r"^[ \t]*from\s+torch(?:\.\w+)*\s+import\s+(\([^)]*\)|[^\n]*)", re.MULTILINE)
 _IMPORT_TORCH_AS = re.compile(r"\bimport\s+torch(?:\.\w+)*\s+as\s+(\w+)")
-_AS_NAME = re.compile(r"([A-Za-z_]\w*)\s+as\s+([A-Za-z_]\w*)")
 # What a `try: new API` / `except ...:` fallback catches when the new API is missing.
 _FALLBACK_ERRORS = frozenset({"AttributeError", "TypeError", "ImportError", "ModuleNotFoundError", "NameError"})
 # The torch_musa release assumed when --musa-version is not given: releases from 2.1 on load
@@ -43,12 +43,16 @@ class Context:
     """Everything a rule may ask about the file being migrated. Built once per file."""
 
     def __init__(self, module: cst.Module, *, target: str, filename: str, source: str,
-                 musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> None:
+                 musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION, set_aside: str = "") -> None:
         self.module = module
-        self.source = source  # the text parsed
+        self.source = source  # the file's whole text
+        #: the original text of the statements a partial parse left out of ``module`` (see skeleton.py)
+        self.set_aside = set_aside
         #: the torch_musa release the ported code will run on (``--musa-version``)
         self.musa_version = musa_version
         self._analyses: dict[object, object] = {}
+        #: child -> parent for every node a walk from the module has entered (see :meth:`walk`)
+        self._seen: dict[cst.CSTNode, cst.CSTNode] = {}
         self._fallback: dict[cst.CSTNode, bool] = {}
         self.target = target
         self.filename = filename
@@ -76,7 +80,15 @@ class Context:
         return self._lines[node]
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self._parents.get(node)
+        found = self._seen.get(node)
+        if found is None and node is not self.module:  # a node no walk has entered yet: map the whole tree
+            return self._parents.get(node)
+        return found
+
+    def walk(self, visitors: list[cst.CSTVisitor]) -> None:
+        """Run ``visitors`` over the whole module, noting each node's parent on the way (so :meth:`parent`
+        rarely needs a separate pass over the tree)."""
+        walk(self.module, visitors, self._seen)
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
         if isinstance(node, cst.Attribute) and self.torch_name is not None:
@@ -113,7 +125,7 @@ class Context:
                 if node.value == "torch" and not found:
                     found.append(node)
 
-        walk(self.module, [_FirstTorch()])
+        self.walk([_FirstTorch()])
         if not found:
             return False
         value = self._qn.get(found[0])
@@ -130,7 +142,7 @@ class Context:
         """Name bound with ``as`` -> the last part of what it names (``S`` -> ``GradScaler`` for ``from
         torch.amp import GradScaler as S``). Textual, so a superset: ``with ... as f`` and prose count too."""
         found: dict[str, set[str]] = {}
-        for original, alias in _AS_NAME.findall(self.source):
+        for original, alias in as_pairs(self.source):
             found.setdefault(alias, set()).add(original)
         return found
 
@@ -237,7 +249,7 @@ class Context:
                     elif full == "torch" and isinstance(alias.asname.name, cst.Name):
                         names.append(alias.asname.name.value)
 
-        walk(module, [_Imports()])
+        self.walk([_Imports()])
         return "torch" if "torch" in names else (names[0] if names else None)
 
     @cached_property
@@ -250,7 +262,11 @@ class Context:
                 if node.quote in counts:
                     counts[node.quote] += 1
 
-        walk(self.module, [_Count()])
+        self.walk([_Count()])
+        if self.set_aside:  # the statements left out of a partial parse count too
+            double, single = quote_counts(self.set_aside)
+            counts['"'] += double
+            counts["'"] += single
         return "'" if counts["'"] > counts['"'] else '"'
 
     def literal(self, value: str) -> str:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, string_value
-from ampkit.migrate._walk import walk
 
 if TYPE_CHECKING:
     from ampkit.migrate.context import Context
@@ -120,7 +119,7 @@ class DeviceResolver:
     def __init__(self, ctx: "Context") -> None:
         self.ctx = ctx
         collector = _Collector(ctx)
-        walk(ctx.module, [collector])
+        ctx.walk([collector])
         self._scopes = collector.scopes
 
     def _enclosing(self, node: cst.CSTNode) -> list[cst.CSTNode]:

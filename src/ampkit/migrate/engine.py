@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,10 +12,10 @@ import libcst as cst
 
 from ampkit.errors import AmpkitError, UsageError, first_line
 from ampkit.migrate.context import DEFAULT_MUSA_VERSION, TARGETS, Context, parse_musa_version
-from ampkit.migrate._walk import walk
 from ampkit.migrate.findings import CODES, Finding
 from ampkit.migrate.rules import RULES
 from ampkit.migrate.rules.base import Replacement
+from ampkit.migrate import skeleton as _skeleton
 
 __all__ = ["MigrateResult", "SourceSyntaxError", "migrate_source", "check_options", "may_match", "musa_version_of"]
 
@@ -60,19 +62,31 @@ def may_match(code: str, *, target: str = "agnostic", select: Iterable[str] | No
     return bool(_rules(code, target, check_options(target, select)))
 
 
-def _compile(code: str, filename: str) -> None:
+def _compile(code: str | ast.Module, filename: str) -> None:
     with warnings.catch_warnings():  # invalid escape sequences and the like are not our business
         warnings.simplefilter("ignore")
         compile(code, filename, "exec", dont_inherit=True)
 
 
-def _parse(code: str, filename: str) -> cst.Module:
-    # The interpreter's own compiler is the judge of "parses"; libcst accepts a little more.
+def _syntax_error(exc: SyntaxError, filename: str) -> SourceSyntaxError:
+    return SourceSyntaxError(f"{filename}:{exc.lineno}: does not parse ({exc.msg}); left untouched")
+
+
+def _check(code: str, filename: str) -> ast.Module:
+    """Python's own parse of ``code`` (the interpreter is the judge of "parses"; libcst accepts a little more)."""
     try:
-        _compile(code, filename)
-        return cst.parse_module(code)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(code, filename)
+        _compile(tree, filename)  # what the compiler checks beyond the grammar (`return` outside a def ...)
     except SyntaxError as exc:
-        raise SourceSyntaxError(f"{filename}:{exc.lineno}: does not parse ({exc.msg}); left untouched") from None
+        raise _syntax_error(exc, filename) from None
+    return tree
+
+
+def _libcst(code: str, filename: str) -> cst.Module:
+    try:
+        return cst.parse_module(code)
     except cst.ParserSyntaxError as exc:  # Python compiles it, libcst does not: a libcst limit
         raise AmpkitError(f"{filename}:{exc.raw_line}: libcst cannot parse it ({exc.message}); Python "
                           "can, so this is a libcst limit (deep nesting or newer syntax); left untouched") from None
@@ -143,18 +157,27 @@ def migrate_source(code: str, *, target: str = "agnostic", select: Iterable[str]
 
 
 def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: str,
-             musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> MigrateResult:
+             musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION, *, partial: bool = True) -> MigrateResult:
     # libcst drops a final lone "\r" (an old Mac line end) that Python reads as a newline: keep it aside.
     tail = "\r" if code.endswith("\r") else ""
     code = code[: len(code) - len(tail)]
     rules = _rules(code, target, selected)
-    module = _parse(code, filename)
-    ctx = Context(module, target=target, filename=filename, source=code, musa_version=musa_version)
+    tree = _check(code, filename)
+    skeleton = _skeleton_for(code, tree, rules) if partial else None
+    if skeleton is not None:
+        try:
+            module = cst.parse_module(skeleton.text)
+        except cst.ParserSyntaxError:
+            skeleton = None  # a layout the skeleton does not reproduce: analyse the whole file
+    if skeleton is None:
+        module = _libcst(code, filename)
+    ctx = Context(module, target=target, filename=filename, source=code, musa_version=musa_version,
+                  set_aside=skeleton.set_aside if skeleton is not None else "")
     findings: list[Finding] = []
     replacements: dict[cst.CSTNode, list[Replacement]] = {}
     active = [rule_cls(ctx) for rule_cls in rules if rule_cls.applies(ctx)]
     try:
-        walk(module, active)  # one pass over the tree for every rule
+        ctx.walk(active)  # one pass over the tree for every rule
     except (RecursionError, MemoryError):
         raise  # the file is too big or deep for the analysis, not a rule bug: the caller says so
     except Exception as exc:  # a rule bug must not become a traceback or a half-written file
@@ -171,6 +194,10 @@ def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: 
     except Exception as exc:
         raise AmpkitError(f"{filename}: internal error while rewriting ({first_line(exc, 200)}); "
                           "file left untouched. Please report this with the file.") from exc
+    if replacements and skeleton is not None:
+        new_code = _skeleton.splice(new_code, skeleton)
+        if new_code is None:  # a rewrite moved a placeholder: do it again on the whole file
+            return _migrate(code + tail, target, selected, filename, musa_version, partial=False)
     if new_code != code:
         try:
             _compile(new_code, filename)
@@ -178,6 +205,18 @@ def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: 
             raise AmpkitError(f"{filename}: migrate produced code that does not parse ({exc.msg} at line "
                               f"{exc.lineno}); nothing written. Please report this with the file.") from None
     return MigrateResult(new_code + tail, _dedupe(findings), new_code != code)
+
+
+def _skeleton_for(code: str, tree: ast.Module, rules: list[type]) -> _skeleton.Skeleton | None:
+    """The partial parse for these rules, or None where some rule needs the whole file (its ``keep`` is
+    None) or torch may come through a star import."""
+    if not rules or any(r.keep is None for r in rules) or _STAR.search(code):
+        return None
+    words = {w for r in rules for w in r.keep} | {w for r in rules for w in r.keep_words(code)}
+    return _skeleton.build(code, tree, sorted(words), block_ends=any(r.reads_block_ends for r in rules))
+
+
+_STAR = re.compile(r"import\s*\*")  # literal first: a fast search
 
 
 def _culprit(exc: BaseException, rules: list) -> str:

@@ -10,7 +10,7 @@ import libcst as cst
 
 from ampkit.migrate._cst import expr
 from ampkit.migrate.amp_refs import refs_of
-from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
+from ampkit.migrate.rules.base import OLD_AMP_KEEP, OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["AmpImportsRule"]
 
@@ -18,6 +18,7 @@ __all__ = ["AmpImportsRule"]
 class AmpImportsRule(Rule):
     codes = ("deprecated-amp-api",)
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
+    keep = OLD_AMP_KEEP
 
     def visit_Module(self, node: cst.Module) -> bool:
         for imp, module in refs_of(self.ctx).moves.items():

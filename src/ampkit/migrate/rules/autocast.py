@@ -14,7 +14,7 @@ from ampkit.migrate._cst import append_arg, expr, keyword_arg, kwarg, prepend_ar
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.device_resolve import NEW_DEFAULT_DTYPE, OLD_DEFAULT_DTYPE, DeviceChoice, devices_of
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
+from ampkit.migrate.rules.base import OLD_AMP_KEEP, OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["AutocastRule"]
 
@@ -24,6 +24,7 @@ _OLD_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 class AutocastRule(Rule):
     codes = ("deprecated-amp-api",)
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
+    keep = OLD_AMP_KEEP
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "autocast"):

@@ -17,13 +17,18 @@ import libcst as cst
 from ampkit.migrate.context import Context
 from ampkit.migrate.findings import Finding
 
-__all__ = ["Rule", "Replacement", "OLD_AMP_TOKEN", "OLD_AMP_WORDS"]
+__all__ = ["Rule", "Replacement", "OLD_AMP_TOKEN", "OLD_AMP_WORDS", "OLD_AMP_KEEP", "DEVICE_KEEP"]
 
 # Every way of reaching torch.{cuda,cpu,musa}.amp spells "<vendor>.amp" (torch.cuda.amp.X,
 # from torch.cuda.amp import X, import torch.cuda.amp as amp, cuda.amp.X) or imports `amp` from
 # torch.<vendor> (from torch.cuda import amp).
 OLD_AMP_WORDS = (("amp",), ("cuda", "cpu", "musa"))
 OLD_AMP_TOKEN = r"(?:cuda|cpu|musa)\s*\.\s*amp\b|from\s+torch\s*\.\s*(?:cuda|cpu|musa)\s+import\b"
+
+# What the deprecated-API rules read: the old namespace (names it binds count as words: skeleton.py), and
+# the device variables the rewrite takes its device from (device_resolve.DEVICE_NAMES).
+DEVICE_KEEP = ("device_type", "DEVICE_TYPE", "device", "DEVICE")
+OLD_AMP_KEEP = ("amp", *DEVICE_KEEP)
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel]
 
@@ -40,6 +45,19 @@ class Rule(cst.CSTVisitor):
     tokens: ClassVar[tuple[tuple[str, ...], ...]] = ()
     #: an optional regular expression that must also match, tried only when the words are there.
     pattern: ClassVar[str | None] = None
+    #: the words a statement must hold for the rule to look at it: the partial parse (skeleton.py) leaves
+    #: other statements out of the tree. A word is a whole word (``step`` is not in ``global_step``); a ``*``
+    #: at an end leaves that end open (``*cuda*`` is in ``is_cuda``, ``clip_grad_*`` in ``clip_grad_norm_``).
+    #: None: the rule needs the whole file. More words are always right; a statement the rule reads that
+    #: holds none is a bug (tests run every fixture both ways and compare).
+    keep: ClassVar[tuple[str, ...] | None] = None
+    #: the rule reads whether a block ends the run (its last statement a ``raise`` or ``sys.exit``)
+    reads_block_ends: ClassVar[bool] = False
+
+    @classmethod
+    def keep_words(cls, code: str) -> tuple[str, ...]:
+        """Names that count as ``keep`` words in this file (a local bound to something the rule follows)."""
+        return ()
 
     def __init__(self, ctx: Context) -> None:
         super().__init__()

@@ -10,6 +10,8 @@ the model has to go too.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ampkit.migrate._walk import walk
@@ -24,6 +26,12 @@ _FIX = ("criterion = nn.BCEWithLogitsLoss()  # and return logits: drop the final
 class BceUnderAutocastRule(AutocastRegionRule):
     codes = ("bce-under-autocast",)
     tokens = (("binary_cross_entropy", "BCELoss"), ("autocast",))
+    keep = ("binary_cross_entropy*", "*BCELoss*", "autocast")
+
+    @classmethod
+    def keep_words(cls, code: str) -> tuple[str, ...]:
+        # `loss_fn = nn.BCELoss()`: every use of loss_fn decides whether it is reported
+        return tuple(re.findall(r"(\w+)\s*=(?!=)\s*[\w.\s(]*\bBCELoss\b", code))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

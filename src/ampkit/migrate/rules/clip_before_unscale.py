@@ -25,6 +25,7 @@ _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
 class ClipBeforeUnscaleRule(Rule):
     codes = ("clip-before-unscale",)
     tokens = (("clip_grad_",), (".scale",))
+    keep = ("clip_grad_*", "scale", "unscale_", "step", "backward")
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

@@ -12,7 +12,7 @@ from ampkit.migrate._cst import append_arg, expr, keyword_arg, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.device_resolve import devices_of
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
+from ampkit.migrate.rules.base import OLD_AMP_KEEP, OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["CustomFwdRule"]
 
@@ -20,6 +20,7 @@ __all__ = ["CustomFwdRule"]
 class CustomFwdRule(Rule):
     codes = ("deprecated-amp-api",)
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
+    keep = OLD_AMP_KEEP
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "custom_fwd", "custom_bwd"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate.amp_refs import AmpRef, refs_of
-from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
+from ampkit.migrate.rules.base import OLD_AMP_KEEP, OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["DeprecatedApiRule"]
 
@@ -25,6 +25,7 @@ _PUBLIC = "use the public torch.amp API: torch.amp.autocast, GradScaler, custom_
 class DeprecatedApiRule(Rule):
     codes = ("deprecated-amp-api",)
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
+    keep = OLD_AMP_KEEP
 
     def visit_Module(self, node: cst.Module) -> bool:
         refs = refs_of(self.ctx)

@@ -44,6 +44,8 @@ _LIGHTNING_FIX = ("Lightning accepts only its registered accelerator names (auto
 
 class DeviceTargetRule(Rule):
     codes = ()
+    # both vendors (a dispatcher is one that names both), the backends, what counts devices, framework names
+    keep = ("*cuda*", "*musa*", "*CUDA*", "*MUSA*", "*nccl*", "*mccl*", "GradScaler", "*nvidia-smi*", "gpu")
 
     @classmethod
     def applies(cls, ctx) -> bool:

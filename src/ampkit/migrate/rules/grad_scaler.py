@@ -11,7 +11,7 @@ from ampkit.migrate._cst import expr, prepend_arg
 from ampkit.migrate.amp_refs import AmpRef
 from ampkit.migrate.device_resolve import devices_of
 from ampkit.migrate.rules._amp import amp_refs_for, new_callee, report_fallback
-from ampkit.migrate.rules.base import OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
+from ampkit.migrate.rules.base import OLD_AMP_KEEP, OLD_AMP_TOKEN, OLD_AMP_WORDS, Rule
 
 __all__ = ["GradScalerRule"]
 
@@ -19,6 +19,7 @@ __all__ = ["GradScalerRule"]
 class GradScalerRule(Rule):
     codes = ("deprecated-amp-api",)
     tokens, pattern = OLD_AMP_WORDS, OLD_AMP_TOKEN
+    keep = OLD_AMP_KEEP
 
     def visit_Module(self, node: cst.Module) -> bool:
         for ref in amp_refs_for(self, "GradScaler"):

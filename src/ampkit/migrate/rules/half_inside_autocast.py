@@ -25,6 +25,7 @@ def _is_half(node: cst.BaseExpression) -> bool:
 class HalfInsideAutocastRule(AutocastRegionRule):
     codes = ("half-inside-autocast",)
     tokens = (("autocast",), ("half", "float16"))
+    keep = ("autocast", "half", "float16")
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self.in_autocast or not isinstance(node.func, cst.Attribute):

@@ -77,6 +77,8 @@ def _has_modulo(node: cst.CSTNode) -> bool:
 class HostSyncPerStepRule(Rule):
     codes = ("host-sync-per-step",)
     tokens = ((".item()", "isfinite(", "isnan(", "isinf("), (".backward(", ".step(", "scaler", "Scaler"))
+    keep = ("item", "isfinite", "isnan", "isinf", "backward", "step", "*scaler*", "*Scaler*", "*SCALER*")
+    reads_block_ends = True
 
     @classmethod
     def applies(cls, ctx) -> bool:

@@ -18,6 +18,7 @@ __all__ = ["ScalerWithBf16Rule"]
 class ScalerWithBf16Rule(Rule):
     codes = ("scaler-with-bf16",)
     tokens = (("GradScaler",), ("autocast",), ("bfloat16", "cpu"))
+    keep = ("GradScaler", "autocast")
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)

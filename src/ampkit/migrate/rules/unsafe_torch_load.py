@@ -28,6 +28,7 @@ _ALTERNATIVES = (
 class UnsafeTorchLoadRule(Rule):
     codes = ("unsafe-torch-load",)
     tokens = (("torch",), ("load",))
+    keep = ("load",)
     # torch.load itself, `load` imported by name, or torch under another name (import torch as th)
     pattern = r"torch\s*\.\s*load\b|import\b[^\n]*\bload\b|\bimport\s+torch\s+as\b"
 
