@@ -24,12 +24,15 @@ def as_pairs(text: str, *, dotted: bool = False) -> list[tuple[str, str]]:
     ``re.findall(r"([A-Za-z_]\\w*)\\s+as\\s+([A-Za-z_]\\w*)", text)`` finds, and a little more; ``dotted``
     lets ``X`` be dotted (``torch.cuda.amp as amp``). A literal search for ``as``, so fast on megabytes."""
     out = []
-    for m in _AS_TAIL.finditer(text):
+    search, pos = _AS_TAIL.search, 0
+    while (m := search(text, pos)) is not None:
         j = i = m.start()
+        pos = m.end()
         while j > 0 and text[j - 1].isspace():
             j -= 1
         if j == i:
-            continue  # `has`, `alias`: part of a word
+            pos = i + 1  # `pandas as pd`: the "as" of "pandas" is no keyword, the next may be
+            continue
         k = j
         while k > 0 and _word_char(text[k - 1], dotted):
             k -= 1
@@ -41,12 +44,13 @@ def as_pairs(text: str, *, dotted: bool = False) -> list[tuple[str, str]]:
 
 
 def quote_counts(text: str) -> tuple[int, int]:
-    """How many plain (non-f, non-triple-quoted) string literals in ``text`` use ``"`` and ``'``: what
-    :attr:`ampkit.migrate.context.Context.quote` counts on libcst's tree. ``text`` starts at a statement."""
+    """How many plain (non-f, non-triple-quoted) string literals in ``text`` use ``"`` and ``'``, those in an
+    f-string's ``{expressions}`` too: what :attr:`ampkit.migrate.context.Context.quote` counts on libcst's
+    tree. ``text`` starts at a statement."""
     double = single = 0
     for m in _LITERAL.finditer(text):
         literal = m.group()
-        if literal[0] == "#" or literal[:3] in ("'''", '"""'):
+        if literal[0] == "#":
             continue
         i = k = m.start()
         while k > max(0, i - 2) and text[k - 1] in _PREFIX:
@@ -54,10 +58,42 @@ def quote_counts(text: str) -> tuple[int, int]:
         prefix = text[k:i]
         if prefix and k > 0 and _word_char(text[k - 1], False):
             prefix = ""  # `if"x"`: the letters end a word, they are no prefix
-        if "f" in prefix.lower() or "t" in prefix.lower():
+        if "t" in prefix.lower():
+            continue
+        if "f" in prefix.lower():  # not counted itself; the strings in its {expressions} are
+            inner = _in_fstring(literal[3:-3] if literal[:3] in ("\'\'\'", '"""') else literal[1:-1])
+            double, single = double + inner[0], single + inner[1]
+            continue
+        if literal[:3] in ("'''", '"""'):
             continue
         if literal[0] == '"':
             double += 1
         else:
             single += 1
+    return double, single
+
+
+def _in_fstring(body: str) -> tuple[int, int]:
+    """:func:`quote_counts` of the ``{expressions}`` of an f-string's body (libcst parses those)."""
+    double = single = 0
+    i, n = 0, len(body)
+    while i < n:
+        if body[i] != "{":
+            i += 1
+            continue
+        if body.startswith("{{", i):
+            i += 2
+            continue
+        j, depth = i + 1, 1
+        while j < n and depth:
+            c = body[j]
+            if c in "'\"":
+                m = _LITERAL.match(body, j)
+                j = m.end() if m else j + 1
+                continue
+            depth += (c == "{") - (c == "}")
+            j += 1
+        d, s = quote_counts(body[i + 1: j - 1])
+        double, single = double + d, single + s
+        i = j
     return double, single
