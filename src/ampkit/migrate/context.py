@@ -43,11 +43,9 @@ class Context:
     """Everything a rule may ask about the file being migrated. Built once per file."""
 
     def __init__(self, module: cst.Module, *, target: str, filename: str, source: str,
-                 musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION, set_aside: str = "") -> None:
+                 musa_version: tuple[int, int] = DEFAULT_MUSA_VERSION) -> None:
         self.module = module
         self.source = source  # the file's whole text
-        #: the original text of the statements a partial parse left out of ``module`` (see skeleton.py)
-        self.set_aside = set_aside
         #: the torch_musa release the ported code will run on (``--musa-version``)
         self.musa_version = musa_version
         self._analyses: dict[object, object] = {}
@@ -254,20 +252,10 @@ class Context:
 
     @cached_property
     def quote(self) -> str:
-        """The file's usual string quote, so inserted literals look like their neighbours."""
-        counts = {'"': 0, "'": 0}
-
-        class _Count(cst.CSTVisitor):
-            def visit_SimpleString(self, node: cst.SimpleString) -> None:
-                if node.quote in counts:
-                    counts[node.quote] += 1
-
-        self.walk([_Count()])
-        if self.set_aside:  # the statements left out of a partial parse count too
-            double, single = quote_counts(self.set_aside)
-            counts['"'] += double
-            counts["'"] += single
-        return "'" if counts["'"] > counts['"'] else '"'
+        """The file's usual string quote, so inserted literals look like their neighbours: counted over the
+        whole text (also what a partial parse left out), as libcst counts its SimpleString nodes."""
+        double, single = quote_counts(self.source)
+        return "'" if single > double else '"'
 
     def literal(self, value: str) -> str:
         return f"{self.quote}{value}{self.quote}"

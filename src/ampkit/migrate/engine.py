@@ -171,8 +171,7 @@ def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: 
             skeleton = None  # a layout the skeleton does not reproduce: analyse the whole file
     if skeleton is None:
         module = _libcst(code, filename)
-    ctx = Context(module, target=target, filename=filename, source=code, musa_version=musa_version,
-                  set_aside=skeleton.set_aside if skeleton is not None else "")
+    ctx = Context(module, target=target, filename=filename, source=code, musa_version=musa_version)
     findings: list[Finding] = []
     replacements: dict[cst.CSTNode, list[Replacement]] = {}
     active = [rule_cls(ctx) for rule_cls in rules if rule_cls.applies(ctx)]

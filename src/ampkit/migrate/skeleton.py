@@ -53,11 +53,6 @@ class Skeleton:
     kept_lines: int
     lines: int
 
-    @property
-    def set_aside(self) -> str:
-        """The original text of every placeholder, for counts over the whole file."""
-        return "".join(self.pieces)
-
 
 def _is_word_char(c: str) -> bool:
     return c.isalnum() or c == "_"
