@@ -71,3 +71,24 @@ def test_a_visit_returning_false_skips_only_that_visitor():
     skip, every = Skip(), All()
     walk(module, [skip, every])
     assert skip.names == ["y"] and every.names == ["f", "x", "y"]
+
+
+@pytest.mark.parametrize("source", [p.read_text() for p in FIXTURES[1::3]] + [EXTRA])
+def test_a_walk_enters_trivia_only_for_a_visitor_that_hooks_them(source):
+    """Whitespace, comments and operators are left out unless hooked: the events a Name/Modulo/Comment
+    visitor sees are libcst's, and a Name-only walk notes no parent for a whitespace node."""
+    module = cst.parse_module(source)
+    kinds = ("Name", "Modulo", "Comment", "Call")
+    ns = {f"{k}_{c}": (lambda tag: lambda self, node: self.log.append((tag, id(node))))(f"{k} {c}")
+          for c in kinds for k in ("visit", "leave")}
+    ns["__init__"] = lambda self: (cst.CSTVisitor.__init__(self), setattr(self, "log", []))[0]
+    some = type("Some", (cst.CSTVisitor,), ns)
+    theirs, ours = some(), some()
+    module.visit(theirs)
+    walk(module, [ours])
+    assert ours.log == theirs.log
+    names_only = type("Names", (cst.CSTVisitor,), {"visit_Name": lambda self, node: None})()
+    noted: dict = {}
+    walk(module, [names_only], noted)
+    assert not any(isinstance(n, (cst.SimpleWhitespace, cst.Comma, cst.Comment)) for n in noted)
+    assert all(noted[n] is p for n, p in parents_of(module).items() if n in noted)

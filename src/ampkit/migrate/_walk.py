@@ -5,12 +5,15 @@ transformers), which costs about as much as parsing, per visitor. The rules only
 :func:`walk` reads each node's children in libcst's visiting order (learnt once per node class from
 libcst itself) and calls the visitors' ``visit_X`` / ``visit_X_attr`` / ``leave_X_attr`` / ``leave_X``
 hooks with the semantics of :class:`libcst.CSTVisitor`: a ``visit_X`` returning False skips that
-visitor's descent into the node (its ``leave_X`` still runs); the other visitors go on.
+visitor's descent into the node (its ``leave_X`` still runs); the other visitors go on. Whitespace,
+comments and operator tokens (about half of a tree's nodes, holding only more of the same) are entered only
+when some visitor has a hook for one of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 import libcst as cst
 
@@ -59,6 +62,36 @@ def child_attrs(node: cst.CSTNode) -> tuple[str, ...]:
 _NONE = (None, None, None)
 
 
+def _classes(module) -> frozenset[type]:
+    import inspect
+
+    return frozenset(c for c in vars(module).values()
+                     if inspect.isclass(c) and issubclass(c, cst.CSTNode) and c.__module__ == module.__name__
+                     and not inspect.isabstract(c) and not c.__name__.startswith(("Base", "_")))
+
+
+def _trivia() -> tuple[frozenset[type], frozenset[str]]:
+    """Operator tokens and brackets (they hold only whitespace), and the whitespace and comment nodes."""
+    from libcst._nodes import op, whitespace  # noqa: PLC2701 -- the modules that define exactly these
+
+    tokens = _classes(op) | {cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket,
+                             cst.LeftCurlyBrace, cst.RightCurlyBrace}
+    space = _classes(whitespace)
+    return tokens | space, frozenset(c.__name__ for c in space)
+
+
+_TRIVIA, _SPACE = _trivia()
+
+
+@lru_cache(maxsize=256)
+def _skipped(hooked: frozenset[str]) -> frozenset[type]:
+    """The trivia a walk need not enter: none when a visitor hooks whitespace or comments (every token holds
+    some), else the tokens no visitor hooks (``visit_Modulo`` enters Modulo)."""
+    if hooked & _SPACE:
+        return frozenset()
+    return frozenset(c for c in _TRIVIA if c.__name__ not in hooked)
+
+
 def _table(cls: type) -> dict[str, tuple]:
     """Node class name -> (visit, leave, {attribute: (visit_attr, leave_attr)}) as plain functions:
     looked up once per walk, not per node (and not cached: a class may be patched, as tests do)."""
@@ -96,10 +129,10 @@ def walk(root: cst.CSTNode, visitors: Sequence[cst.CSTVisitor],
     gets child -> parent for every node the walk enters (before its visitors see it)."""
     active = [(v, _table(type(v))) for v in visitors]
     if active:
-        _visit(root, active, parents)
+        _visit(root, active, parents, _skipped(frozenset(name for _, table in active for name in table)))
 
 
-def _visit(node: cst.CSTNode, active: list, parents: dict | None) -> None:
+def _visit(node: cst.CSTNode, active: list, parents: dict | None, skip: frozenset[type]) -> None:
     name = type(node).__name__
     below = []
     hooked = []
@@ -121,14 +154,14 @@ def _visit(node: cst.CSTNode, active: list, parents: dict | None) -> None:
                     fn(v, node)
             if type(value) is tuple or type(value) is list:
                 for child in value:
-                    if _is_node(child):
+                    if type(child) not in skip and _is_node(child):
                         if parents is not None:
                             parents[child] = node
-                        _visit(child, below, parents)
-            elif _is_node(value):
+                        _visit(child, below, parents, skip)
+            elif type(value) not in skip and _is_node(value):
                 if parents is not None:
                     parents[value] = node
-                _visit(value, below, parents)
+                _visit(value, below, parents, skip)
             for v, attrs in hooked:
                 fn = attrs.get(attr, _NONE)[1]
                 if fn is not None:

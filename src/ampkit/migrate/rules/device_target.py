@@ -60,6 +60,7 @@ class DeviceTargetRule(Rule):
             "GradScaler" in text or any(word in text for word, _ in _COUNTING)))
 
     def visit_Module(self, node: cst.Module) -> None:
+        self._seen_vendors: dict[cst.CSTNode, frozenset[str]] = {}
         self.src, self.dst = VENDOR_SWAP[self.ctx.target]
         self.backend = _BACKEND[self.ctx.target]
         self._moved = False  # a device moved: the collective backend may follow
@@ -95,6 +96,14 @@ class DeviceTargetRule(Rule):
     # Dispatchers that already handle both vendors: not a line of them changes.
     def _vendors(self, *nodes: cst.CSTNode) -> set[str]:
         found: set[str] = set()
+        for n in nodes:  # an if/elif chain asks again for each link: each node is walked once
+            if n not in self._seen_vendors:
+                self._seen_vendors[n] = self._walk_vendors(n)
+            found |= self._seen_vendors[n]
+        return found
+
+    def _walk_vendors(self, node: cst.CSTNode) -> frozenset[str]:
+        found: set[str] = set()
         ctx = self.ctx
 
         class _Vendors(cst.CSTVisitor):
@@ -105,9 +114,8 @@ class DeviceTargetRule(Rule):
                 if ctx.is_torch(n.value):
                     found.add(n.attr.value)
 
-        for n in nodes:
-            walk(n, [_Vendors()])
-        return found
+        walk(node, [_Vendors()])
+        return frozenset(found)
 
     def _handles_both(self, *nodes: cst.CSTNode) -> bool:
         return {self.src, self.dst} <= self._vendors(*nodes)
