@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import string
 
-__all__ = ["as_pairs", "quote_counts"]
+__all__ = ["as_pairs", "quote_counts", "is_word_char"]
 
 _AS_TAIL = re.compile(r"as\s+([A-Za-z_]\w*)")
 _STARTS = frozenset(string.ascii_letters + "_")
@@ -15,7 +15,8 @@ _LITERAL = re.compile(r"#[^\n]*|'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\
 _PREFIX = frozenset("rRbBuUfFtT")
 
 
-def _word_char(c: str, dotted: bool) -> bool:
+def is_word_char(c: str, dotted: bool = False) -> bool:
+    """A character of an identifier (``\\w``), or a dot when ``dotted``."""
     return c.isalnum() or c == "_" or (dotted and c == ".")
 
 
@@ -34,7 +35,7 @@ def as_pairs(text: str, *, dotted: bool = False) -> list[tuple[str, str]]:
             pos = i + 1  # `pandas as pd`: the "as" of "pandas" is no keyword, the next may be
             continue
         k = j
-        while k > 0 and _word_char(text[k - 1], dotted):
+        while k > 0 and is_word_char(text[k - 1], dotted):
             k -= 1
         while k < j and text[k] not in _STARTS:
             k += 1
@@ -56,7 +57,7 @@ def quote_counts(text: str) -> tuple[int, int]:
         while k > max(0, i - 2) and text[k - 1] in _PREFIX:
             k -= 1
         prefix = text[k:i]
-        if prefix and k > 0 and _word_char(text[k - 1], False):
+        if prefix and k > 0 and is_word_char(text[k - 1], False):
             prefix = ""  # `if"x"`: the letters end a word, they are no prefix
         if "t" in prefix.lower():
             continue

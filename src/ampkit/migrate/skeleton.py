@@ -2,8 +2,8 @@
 
 libcst's parse (and every analysis over its tree) costs far more than Python's own parser, and most
 of a training script is code no rule reads: data pipelines, argument parsing, logging. The rules say
-what a statement must hold for them to look at it (``Rule.keep``, a regular expression); the skeleton
-keeps those statements, every import, and the headers of the blocks around them. Each run of other
+what a statement must hold for them to look at it (``Rule.keep``: words, found by plain substring search);
+the skeleton keeps those statements, the imports, and the headers of the blocks around them. Each run of other
 statements becomes one ``pass`` placeholder on the same first line, followed by filler comments, so
 every kept node keeps its line and its text. After the rewrite the placeholders are spliced back
 into the original text (:func:`splice`).
@@ -11,11 +11,13 @@ into the original text (:func:`splice`).
 What decides a rule's answer must be in the skeleton; besides each rule's own words that is:
 
 * names bound by an import from torch are rebound nowhere else out of sight (qualified names follow
-  assignments): any statement that may rebind one is kept, and so are ``global``/``nonlocal``;
+  assignments): any statement that may rebind one is kept, and so are ``global``/``nonlocal`` and the
+  imports at module level, from torch, or of such a name;
 * names a kept import binds (``from torch.cuda.amp import autocast as ac``: ``ac``) and names bound
   with ``as`` to a word of a rule (``GradScaler as S``) count as the rules' words;
-* a block's last statement when it may end the run (``raise``, ``exit``): the host-sync rule reads it;
-* module-level ``for``/``while``/``if``: whether a file is a script depends on them.
+* a block's last statement when it may end the run (``raise``, ``exit``), for a rule that reads it
+  (``Rule.reads_block_ends``: host-sync-per-step);
+* module-level ``for``/``while`` and ``if __name__ ...``: whether a file is a script depends on them.
 
 Whole-file analysis stays where the skeleton cannot serve: a star import (torch may come through it),
 ``\\r`` line ends, or text that holds the placeholder marker itself; and :func:`splice` returns None
@@ -26,11 +28,11 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from bisect import bisect_left
+from dataclasses import dataclass
 from itertools import accumulate
 
-from ampkit.migrate._text import as_pairs
+from ampkit.migrate._text import as_pairs, is_word_char
 
 __all__ = ["Skeleton", "build", "splice", "MARK"]
 
@@ -54,10 +56,6 @@ class Skeleton:
     lines: int
 
 
-def _is_word_char(c: str) -> bool:
-    return c.isalnum() or c == "_"
-
-
 class _Lines:
     """Which lines hold a word: plain substring search, then a look at the two ends."""
 
@@ -76,8 +74,8 @@ class _Lines:
         n = len(text)
         i = code.find(text)
         while i >= 0:
-            if (open_left or i == 0 or not _is_word_char(code[i - 1])) and \
-                    (open_right or i + n >= len(code) or not _is_word_char(code[i + n])):
+            if (open_left or i == 0 or not is_word_char(code[i - 1])) and \
+                    (open_right or i + n >= len(code) or not is_word_char(code[i + n])):
                 yield i
             i = code.find(text, i + 1)
 
@@ -98,7 +96,7 @@ class _Lines:
                 nxt = code[j: j + 2]
                 before = code[max(0, i - 9): i].split()
                 if (nxt[:1] in ("=", ":", ",", ")", "]") and nxt != "==") or \
-                        (nxt == "in" and not _is_word_char(code[j + 2: j + 3] or " ")) or \
+                        (nxt == "in" and not is_word_char(code[j + 2: j + 3] or " ")) or \
                         (before and before[-1] in ("as", "def", "class", "del")):
                     marked[self.line_of(i)] = 1
 
