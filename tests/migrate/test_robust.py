@@ -179,6 +179,14 @@ def test_unknown_encoding_is_one_line(tmp_path, capsys):
         f"ampkit migrate: error: {f}: cannot decode (unknown encoding: klingon); skipped"]
 
 
+def test_nul_byte_is_one_line_without_a_line_number(tmp_path, capsys):
+    f = tmp_path / "nul.py"
+    f.write_bytes(b"import torch\x00\n" + OLD.encode())
+    assert main(["migrate", str(f)]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"ampkit migrate: error: {f}: does not parse (source code string cannot contain null bytes); left untouched"]
+
+
 def test_lone_cr_at_the_end_is_kept_and_the_diff_applies(tmp_path, capsys):
     if shutil.which("git") is None:
         pytest.skip("git is needed to apply the diff")

@@ -69,7 +69,8 @@ def _compile(code: str | ast.Module, filename: str) -> None:
 
 
 def _syntax_error(exc: SyntaxError, filename: str) -> SourceSyntaxError:
-    return SourceSyntaxError(f"{filename}:{exc.lineno}: does not parse ({exc.msg}); left untouched")
+    where = f"{filename}:{exc.lineno}" if exc.lineno is not None else filename  # a NUL byte has no line
+    return SourceSyntaxError(f"{where}: does not parse ({exc.msg}); left untouched")
 
 
 def _check(code: str, filename: str) -> ast.Module:
