@@ -171,20 +171,16 @@ def test_latin1_file_is_read_and_written_in_its_declared_encoding(tmp_path, caps
     assert b"caf\xe9" in after  # still latin-1, not UTF-8
 
 
-def test_unknown_encoding_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("head,error", [
+    (b"# -*- coding: klingon -*-\n", "cannot decode (unknown encoding: klingon); skipped"),
+    # Python gives no line for a NUL byte: the message has none (it said `:None:`)
+    (b"import torch\x00\n", "does not parse (source code string cannot contain null bytes); left untouched"),
+])
+def test_unreadable_file_is_one_line(tmp_path, capsys, head, error):
     f = tmp_path / "odd.py"
-    f.write_bytes(b"# -*- coding: klingon -*-\n" + OLD.encode())
+    f.write_bytes(head + OLD.encode())
     assert main(["migrate", str(f)]) == 2
-    assert _error_lines(capsys.readouterr().err) == [
-        f"ampkit migrate: error: {f}: cannot decode (unknown encoding: klingon); skipped"]
-
-
-def test_nul_byte_is_one_line_without_a_line_number(tmp_path, capsys):
-    f = tmp_path / "nul.py"
-    f.write_bytes(b"import torch\x00\n" + OLD.encode())
-    assert main(["migrate", str(f)]) == 2
-    assert _error_lines(capsys.readouterr().err) == [
-        f"ampkit migrate: error: {f}: does not parse (source code string cannot contain null bytes); left untouched"]
+    assert _error_lines(capsys.readouterr().err) == [f"ampkit migrate: error: {f}: {error}"]
 
 
 def test_lone_cr_at_the_end_is_kept_and_the_diff_applies(tmp_path, capsys):

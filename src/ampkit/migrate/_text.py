@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 import string
 
-__all__ = ["as_pairs", "quote_counts", "is_word_char"]
+__all__ = ["as_pairs", "quote_counts", "is_word_char", "STAR_IMPORT"]
+
+# `from x import *` (literal first: a fast search over megabytes)
+STAR_IMPORT = re.compile(r"import\s*\*")
 
 _AS_TAIL = re.compile(r"as\s+([A-Za-z_]\w*)")
 _STARTS = frozenset(string.ascii_letters + "_")

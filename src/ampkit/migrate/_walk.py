@@ -12,6 +12,7 @@ when some visitor has a hook for one of them.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
@@ -63,8 +64,6 @@ _NONE = (None, None, None)
 
 
 def _classes(module) -> frozenset[type]:
-    import inspect
-
     return frozenset(c for c in vars(module).values()
                      if inspect.isclass(c) and issubclass(c, cst.CSTNode) and c.__module__ == module.__name__
                      and not inspect.isabstract(c) and not c.__name__.startswith(("Base", "_")))

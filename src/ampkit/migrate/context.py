@@ -12,7 +12,7 @@ from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 from ampkit.migrate._cst import dotted
 from ampkit.migrate._lines import start_lines
 from ampkit.migrate._walk import parents_of, walk
-from ampkit.migrate._text import as_pairs, quote_counts
+from ampkit.migrate._text import STAR_IMPORT, as_pairs, quote_counts
 
 T = TypeVar("T")
 
@@ -26,7 +26,6 @@ _VERSION_TEST = re.compile(
     r"__version__|\bTORCH_\w*(?:\d|VERSION|GREATER|LESS|AVAILABLE)|torch_version|version\.parse|parse_version"
     r"|LooseVersion|digit_version|is_torch_\w+|\b(?:has|get)attr\(\s*torch\b|\bHAS_\w*AMP"
     r"|\bhas_native_amp\b|\bversion\s*[<>=]", re.IGNORECASE)
-_STAR_IMPORT = re.compile(r"import\s*\*")  # literal first: a fast search
 _FROM_TORCH = re.compile(r"^[ \t]*from\s+torch(?:\.\w+)*\s+import\s+(\([^)]*\)|[^\n]*)", re.MULTILINE)
 _IMPORT_TORCH_AS = re.compile(r"\bimport\s+torch(?:\.\w+)*\s+as\s+(\w+)")
 # What a `try: new API` / `except ...:` fallback catches when the new API is missing.
@@ -148,7 +147,7 @@ class Context:
     def _torch_roots(self) -> frozenset[str] | None:
         """The names through which code can reach torch: ``torch``, its alias, names imported from a
         ``torch...`` module, ``import torch.x as y`` aliases. None (anything may) after a star import."""
-        if _STAR_IMPORT.search(self.source):
+        if STAR_IMPORT.search(self.source):
             return None
         roots = {"torch", *(self.torch_name and [self.torch_name] or [])}
         for names in _FROM_TORCH.findall(self.source):

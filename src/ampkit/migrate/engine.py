@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ampkit.errors import AmpkitError, UsageError, first_line
+from ampkit.migrate._text import STAR_IMPORT
 from ampkit.migrate.context import DEFAULT_MUSA_VERSION, TARGETS, Context, parse_musa_version
 from ampkit.migrate.findings import CODES, Finding
 from ampkit.migrate.rules import RULES
@@ -210,13 +210,10 @@ def _migrate(code: str, target: str, selected: frozenset[str] | None, filename: 
 def _skeleton_for(code: str, tree: ast.Module, rules: list[type]) -> _skeleton.Skeleton | None:
     """The partial parse for these rules, or None where some rule needs the whole file (its ``keep`` is
     None) or torch may come through a star import."""
-    if not rules or any(r.keep is None for r in rules) or _STAR.search(code):
+    if not rules or any(r.keep is None for r in rules) or STAR_IMPORT.search(code):
         return None
     words = {w for r in rules for w in r.keep} | {w for r in rules for w in r.keep_words(code)}
     return _skeleton.build(code, tree, sorted(words), block_ends=any(r.reads_block_ends for r in rules))
-
-
-_STAR = re.compile(r"import\s*\*")  # literal first: a fast search
 
 
 def _culprit(exc: BaseException, rules: list) -> str:

@@ -37,7 +37,7 @@ from ampkit.migrate._text import as_pairs, is_word_char
 __all__ = ["Skeleton", "build", "splice", "MARK"]
 
 MARK = "ampkit-skeleton"
-_PLACEHOLDER = re.compile(r"^[ \t\f]*pass  # ampkit-skeleton:(\d+)\n", re.MULTILINE)
+_PLACEHOLDER = re.compile(rf"^[ \t\f]*pass  # {MARK}:(\d+)\n", re.MULTILINE)
 _FILL = f"# {MARK}-fill\n"
 _FILL_LINE = re.compile(rf"^# {MARK}-fill\n", re.MULTILINE)
 _NEWLINE = re.compile("\n")
@@ -145,7 +145,7 @@ class _Builder:
         self.lines = lines
         self.cum = [0, *accumulate(marked[1:])]  # cum[i]: marked lines among 1..i
         self.ends = ends
-        self.torch_names = torch_names | {"torch"}
+        self.torch_names = torch_names
         self.drops: list[tuple[int, int]] = []
 
     def marks(self, start: int, end: int) -> int:
@@ -274,6 +274,7 @@ def build(code: str, tree: ast.Module, words: list[str], *, block_ends: bool = F
     marked = bytearray(len(lines) + 2)
     text.mark(words, marked)
     torch_names, imports = _bound_names(tree)
+    torch_names.add("torch")  # the name rules read torch by, imported or not
     bound: set[str] = set()
     for st in imports:  # a name bound by an import from a module the rules name is one of their words
         if any(marked[st.lineno: st.end_lineno + 1]):
@@ -282,7 +283,7 @@ def build(code: str, tree: ast.Module, words: list[str], *, block_ends: bool = F
     bound.update(alias for original, alias in as_pairs(code, dotted=True) if _matches(words, original))
     bound.discard("*")
     text.mark(sorted(bound), marked)
-    text.mark_rebinding(sorted(torch_names | {"torch"}), marked)
+    text.mark_rebinding(sorted(torch_names), marked)
     ends = None
     if block_ends:
         ends = bytearray(len(lines) + 2)

@@ -15,9 +15,10 @@ from typing import Callable, ClassVar
 import libcst as cst
 
 from ampkit.migrate.context import Context
+from ampkit.migrate.device_resolve import DEVICE_NAMES
 from ampkit.migrate.findings import Finding
 
-__all__ = ["Rule", "Replacement", "OLD_AMP_TOKEN", "OLD_AMP_WORDS", "OLD_AMP_KEEP", "DEVICE_KEEP"]
+__all__ = ["Rule", "Replacement", "OLD_AMP_TOKEN", "OLD_AMP_WORDS", "OLD_AMP_KEEP"]
 
 # Every way of reaching torch.{cuda,cpu,musa}.amp spells "<vendor>.amp" (torch.cuda.amp.X,
 # from torch.cuda.amp import X, import torch.cuda.amp as amp, cuda.amp.X) or imports `amp` from
@@ -26,9 +27,8 @@ OLD_AMP_WORDS = (("amp",), ("cuda", "cpu", "musa"))
 OLD_AMP_TOKEN = r"(?:cuda|cpu|musa)\s*\.\s*amp\b|from\s+torch\s*\.\s*(?:cuda|cpu|musa)\s+import\b"
 
 # What the deprecated-API rules read: the old namespace (names it binds count as words: skeleton.py), and
-# the device variables the rewrite takes its device from (device_resolve.DEVICE_NAMES).
-DEVICE_KEEP = ("device_type", "DEVICE_TYPE", "device", "DEVICE")
-OLD_AMP_KEEP = ("amp", *DEVICE_KEEP)
+# the device variables the rewrite takes its device from.
+OLD_AMP_KEEP = ("amp", *DEVICE_NAMES)
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel]
 

@@ -48,10 +48,6 @@ class DeviceTargetRule(Rule):
     keep = ("*cuda*", "*musa*", "*CUDA*", "*MUSA*", "*nccl*", "*mccl*", "GradScaler", "*nvidia-smi*", "gpu")
 
     @classmethod
-    def applies(cls, ctx) -> bool:
-        return ctx.target in VENDOR_SWAP
-
-    @classmethod
     def may_match(cls, text: str, target: str) -> bool:
         if target not in VENDOR_SWAP:
             return False

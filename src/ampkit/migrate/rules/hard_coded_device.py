@@ -13,9 +13,9 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import kwarg, prepend_arg, string_value
-from ampkit.migrate.device_resolve import ACCELERATORS, device_type_of, devices_of
+from ampkit.migrate.device_resolve import ACCELERATORS, DEVICE_NAMES, device_type_of, devices_of
 from ampkit.migrate.rules._amp import SCALERS, scaler_without_device
-from ampkit.migrate.rules.base import DEVICE_KEEP, Rule
+from ampkit.migrate.rules.base import Rule
 
 __all__ = ["HardCodedDeviceRule"]
 
@@ -28,11 +28,7 @@ _NEW_NAMES = tuple({name.rsplit(".", 1)[1] for name in _NEW_API})
 class HardCodedDeviceRule(Rule):
     codes = ("hard-coded-device",)
     tokens = (("autocast", "GradScaler", "custom_fwd", "custom_bwd"), ("cuda", "musa", "GradScaler"))
-    keep = ("autocast", "GradScaler", "custom_fwd", "custom_bwd", *DEVICE_KEEP)
-
-    @classmethod
-    def applies(cls, ctx) -> bool:
-        return ctx.target == "agnostic"
+    keep = ("autocast", "GradScaler", "custom_fwd", "custom_bwd", *DEVICE_NAMES)
 
     @classmethod
     def may_match(cls, text: str, target: str) -> bool:
