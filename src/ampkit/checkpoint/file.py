@@ -288,7 +288,12 @@ def restore(path_or_state: str | os.PathLike | dict[str, Any], *, model: nn.Modu
     if state.get("format") != FORMAT:
         return _restore_plain(state, model=model, optimizer=optimizer, amp=amp, scheduler=scheduler)
     load_model_state(model, state["model"])
-    notes = load_parts("optimizer", state.get("optimizer"), optimizer)
+    master = getattr(amp, "master", None)
+    saved_amp = state.get("amp") or {}
+    if master is not None and saved_amp.get("remainders"):
+        master.load_state_dict(saved_amp["remainders"])  # before the optimizer: its states are loaded as FP32
+    with amp.exact_weights() if master is not None else contextlib.nullcontext():
+        notes = load_parts("optimizer", state.get("optimizer"), optimizer)  # torch casts states to the params' dtype
     notes += load_parts("scheduler", state.get("scheduler"), scheduler)
     if amp is not None and state.get("amp") is None:
         notes.append("the checkpoint has no engine state: the engine starts fresh")

@@ -75,6 +75,10 @@ class AmpConfig:
             calls ``stats()``; ``stats()`` checks it too.
         fp32_modules: modules that run in FP32 with autocast off: qualified names, glob patterns
             (``"*.norm"``), presets (``"preset:norm"``) or module types; see :mod:`ampkit.engine.regions`.
+        weights: how the weights are stored (:mod:`ampkit.engine.master`): ``"fp32"`` (the default: FP32
+            weights, autocast casts per op), ``"bf16"`` (BF16 weights plus a 16-bit remainder each, updated
+            exactly as FP32; BF16 precision only; installed by ``amp.attach(model)``), ``"bf16-pure"`` (BF16
+            weights, no master copy: what ``model.to(torch.bfloat16)`` training does, for ``compare`` to measure).
 
     >>> cfg = ampkit.AmpConfig.preset("fp16-safe", max_grad_norm=0.5)
     >>> cfg.init_scale, cfg.max_grad_norm, cfg.fp32_modules
@@ -92,6 +96,7 @@ class AmpConfig:
     max_consecutive_skips: int | None = 50
     skip_check_every: int | None = None
     fp32_modules: Any = ()
+    weights: str = "fp32"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -118,6 +123,8 @@ class AmpConfig:
             if value is not None and (not _is_int(value) or value < 1):
                 raise UsageError(f"{name} must be an integer >= 1 or None, got {value!r}")
         _fp32_modules(self.fp32_modules)
+        if self.weights not in ("fp32", "bf16", "bf16-pure"):
+            raise UsageError(f"weights takes fp32, bf16 or bf16-pure, got {self.weights!r}")
 
     @property
     def clip_norm(self) -> float | None:

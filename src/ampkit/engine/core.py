@@ -115,6 +115,11 @@ class MixedPrecision:
         self._counters: DeviceCounters | None = None
         self._capturing = False
         self.fp32_regions: Any = None  # set by attach()
+        self.master: Any = None  # ampkit.engine.master.MasterWeights, set by attach() under weights="bf16"
+        if self.config.weights != "fp32" and precision.name != "bf16":
+            raise UsageError(f"weights={self.config.weights!r} needs BF16 precision, got {precision.name}: use "
+                             f"MixedPrecision('bf16', weights={self.config.weights!r}) (--precision bf16), or "
+                             "weights='fp32'")
         self.graph = bool(graph)
         self.graph_fallback_reason: str | None = None  # set by graph_step when it runs eagerly
         self._guards = Guards(self)  # hand steps, closures, learning rates (ampkit.engine.guards)
@@ -200,7 +205,11 @@ class MixedPrecision:
         cycles = self._windows.advance(optimizers, flush=flush)
         if not cycles:
             return False
-        self._apply_step(list(optimizers), schedulers, parameters, self.accumulation_steps / cycles)
+        if self.master is not None:
+            with self.master.exact(_step.params_of(optimizers), keep_grads=not zero_grad):
+                self._apply_step(list(optimizers), schedulers, parameters, self.accumulation_steps / cycles)
+        else:
+            self._apply_step(list(optimizers), schedulers, parameters, self.accumulation_steps / cycles)
         if zero_grad:
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
@@ -359,9 +368,17 @@ class MixedPrecision:
     def attach(self, model: nn.Module) -> Any:
         """Install the ``fp32_modules`` regions on ``model`` (forward hooks: autocast off and FP32 inputs in
         the matched modules; the model's ``forward`` is not touched). Returns the regions (``.names``:
-        the modules matched), or None when ``fp32_modules`` is empty. :meth:`detach` removes them."""
+        the modules matched), or None when ``fp32_modules`` is empty. :meth:`detach` removes them.
+
+        Under ``weights="bf16"`` (or ``"bf16-pure"``) it also stores the model's FP32 parameters as BF16, in
+        place (:mod:`ampkit.engine.master`): call it before the first step; an optimizer made before or after
+        it works alike."""
         from ampkit.engine.regions import apply_fp32_regions
 
+        if self.config.weights != "fp32" and self.master is None:
+            from ampkit.engine.master import MasterWeights
+
+            self.master = MasterWeights.convert(model, pure=self.config.weights == "bf16-pure")
         self.detach()
         if self.config.fp32_specs:
             self.fp32_regions = apply_fp32_regions(model, self.config.fp32_specs, device_type=self.device.type)
@@ -372,6 +389,14 @@ class MixedPrecision:
         if self.fp32_regions is not None:
             self.fp32_regions.remove()
             self.fp32_regions = None
+
+    def exact_weights(self) -> Any:
+        """A context in which the ``weights="bf16"`` parameters are their exact FP32 values (a no-op otherwise).
+        Load an optimizer's state dict inside it (torch casts optimizer states to the parameters' dtype):
+        ``with amp.exact_weights(): optimizer.load_state_dict(sd)``; :func:`ampkit.restore` does this for you."""
+        if self.master is None:
+            return contextlib.nullcontext()
+        return self.master.exact()
 
     # ------------------------------------------------------------------ stats & state
     def stats(self) -> dict[str, Any]:

@@ -114,8 +114,12 @@ class Guards:
         re-checked only when the optimizer's parameter count changes (``add_param_group``)."""
         count = sum(len(g["params"]) for g in optimizer.param_groups)
         if self._checked.get(optimizer) != count:
-            _step.check_weights(_step.params_of([optimizer]), amp.precision.name, amp.scaler is not None,
-                               stacklevel=5)
+            params = _step.params_of([optimizer])
+            if amp.config.weights == "bf16-pure":  # asked for by name: the low-precision weights are the point
+                params = []
+            elif amp.master is not None:  # BF16 weights with their remainders: exact FP32 updates
+                params = [p for p in params if not amp.master.covers(p)]
+            _step.check_weights(params, amp.precision.name, amp.scaler is not None, stacklevel=5)
             self._checked[optimizer] = count
 
     # ------------------------------------------------------------------ backward

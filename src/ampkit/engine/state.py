@@ -31,6 +31,8 @@ def engine_state(amp: "MixedPrecision") -> dict[str, Any]:
         "config": amp.config.to_dict(),
         # the modules kept in FP32 (as matched by attach(); the specs when not attached)
         "fp32_modules": amp.config.to_dict()["fp32_modules"],  # the specs; attach() matched `names`
+        # weights="bf16": the 16-bit remainders that, with the model's BF16 weights, are the exact FP32 values
+        "remainders": amp.master.state_dict() if amp.master is not None else None,
     }
 
 
@@ -58,6 +60,15 @@ def load_engine_state(amp: "MixedPrecision", state: dict[str, Any]) -> list[str]
     elif scaler_state:
         notes.append(f"checkpoint was {saved} with a loss scaler; {amp.precision.name} needs none: "
                      "scaler state dropped")
+    remainders = state.get("remainders")
+    if amp.master is not None and remainders:
+        notes += amp.master.load_state_dict(remainders)
+    elif amp.master is not None and amp.config.weights == "bf16":
+        notes.append("the checkpoint has no BF16 remainders (saved without weights='bf16'): training continues "
+                     "from the BF16 rounding of its weights")
+    elif remainders and amp.master is None:
+        notes.append("the checkpoint was saved with weights='bf16'; this engine keeps FP32 weights: the "
+                     "remainders were dropped (call amp.attach(model) with weights='bf16' to keep them)")
     saved_fp32, now_fp32 = state.get("fp32_modules"), amp.config.to_dict()["fp32_modules"]
     if saved_fp32 is not None and list(saved_fp32) != now_fp32:
         notes.append(f"checkpoint kept {list(saved_fp32) or 'no modules'} in FP32, this engine keeps "

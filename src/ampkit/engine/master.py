@@ -1,0 +1,167 @@
+"""BF16 weights with exact updates: ``MixedPrecision("bf16", weights="bf16")``.
+
+>>> amp = ampkit.MixedPrecision("bf16", weights="bf16", device="cpu")
+>>> model = torch.nn.Linear(4, 2)
+>>> _ = amp.attach(model)                        # the weights become BF16, each with a 16-bit remainder
+>>> model.weight.dtype
+torch.bfloat16
+
+Each FP32 weight is split into its BF16 rounding (the parameter the model computes with) and a 16-bit
+remainder (an int16 tensor the engine keeps), so that the pair is the FP32 value, bit for bit: a parameter
+takes 2 + 2 bytes instead of 4, and the forward and backward run on BF16 weights with no per-step cast.
+At each optimizer step the engine joins the pair into the exact FP32 value, hands the optimizer FP32
+parameters and FP32 gradients (so its states are FP32 and it updates the FP32 value, as with a separate master
+copy), and splits the result again. TransformerEngine's FusedAdam (``store_param_remainders``) stores its
+master weights the same way.
+
+Why it is built this way:
+
+* The split rounds half away from zero (the low 16 bits >= 0x8000 round the magnitude up), as TransformerEngine
+  does: the remainder is then the low 16 bits as a signed int16 and the pair maps back to the exact FP32 value.
+  Rounding half to even (what ``tensor.to(torch.bfloat16)`` does) cannot be undone with 16 bits: on an exact tie
+  both neighbours need the same remainder. The two roundings differ only on exact ties (the low 16 bits exactly
+  0x8000).
+* The BF16 tensor keeps its storage from step to step (the new rounding is copied into it): what holds a
+  reference to the weights (a compiled graph, a hook) keeps seeing them.
+* ``weights="bf16-pure"`` is the memory-saving configuration people use without ampkit (``model.to(bfloat16)``,
+  the optimizer stepping BF16 weights, no master copy), offered so that ``ampkit compare`` can measure its harm;
+  it is never chosen for you.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ampkit.errors import UsageError
+
+__all__ = ["WEIGHTS", "MasterWeights", "split", "join", "bytes_per_parameter"]
+
+#: The values ``weights=`` takes: FP32 weights (autocast casts per op, the default), BF16 weights with exact
+#: FP32 updates, and pure BF16 weights (no master: small updates round away).
+WEIGHTS = ("fp32", "bf16", "bf16-pure")
+
+_LOW = 0xFFFF
+_HALF = 0x8000
+
+
+def split(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(BF16 rounding, int16 remainder) of an FP32 tensor; :func:`join` gives the FP32 value back exactly."""
+    if value.dtype != torch.float32:
+        raise UsageError(f"split takes an FP32 tensor, got {value.dtype}")
+    bits = value.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    low = bits & _LOW
+    up = (low >= _HALF).to(torch.int64)
+    high = ((bits >> 16) + up) & _LOW
+    return _as16(high).view(torch.bfloat16), _as16(low)
+
+
+def join(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
+    """The FP32 tensor whose :func:`split` is ``(high, remainder)``."""
+    h = high.view(torch.int16).to(torch.int64) & _LOW
+    r = remainder.to(torch.int64) & _LOW
+    h = (h - (r >= _HALF).to(torch.int64)) & _LOW
+    bits = (h << 16) | r
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _as16(values: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 65535] as int16 with the same 16 bits."""
+    return torch.where(values >= _HALF, values - 2**16, values).to(torch.int16)
+
+
+def bytes_per_parameter(weights: str, optimizer: str = "adamw") -> dict[str, int]:
+    """Persistent bytes per parameter by part (weight, remainder, gradient, optimizer states) for a mode, as
+    the engine stores them between steps (activations and transient buffers excluded)."""
+    states = {"adamw": 8, "adam": 8, "sgd": 0, "sgd-momentum": 4}[optimizer]
+    if weights == "fp32":
+        return {"weight": 4, "remainder": 0, "gradient": 4, "states": states}
+    if weights == "bf16":
+        return {"weight": 2, "remainder": 2, "gradient": 2, "states": states}
+    if weights == "bf16-pure":
+        return {"weight": 2, "remainder": 0, "gradient": 2, "states": states // 2}
+    raise UsageError(f"weights takes one of {', '.join(WEIGHTS)}, got {weights!r}")
+
+
+class MasterWeights:
+    """The remainders of a model whose floating-point parameters were split by :meth:`convert`.
+
+    ``exact(params)`` is the window in which those parameters (and their gradients) are the exact FP32 values;
+    on leaving it, the parameters are split again. Made by :meth:`ampkit.MixedPrecision.attach`.
+    """
+
+    def __init__(self) -> None:
+        self._rem: dict[int, torch.Tensor] = {}  # id(param) -> int16 remainder
+        self._names: dict[int, str] = {}
+        self._params: dict[int, nn.Parameter] = {}
+
+    @classmethod
+    def convert(cls, model: nn.Module, *, pure: bool = False) -> "MasterWeights":
+        """Turn every FP32 parameter of ``model`` into BF16 in place (the same Parameter objects, so an optimizer
+        made before keeps them), keeping remainders unless ``pure``. Buffers stay as they are."""
+        self = cls()
+        for name, p in model.named_parameters():
+            if p.dtype != torch.float32:
+                continue
+            if p.grad is not None:
+                raise UsageError(f"parameter {name} has a gradient: call amp.attach(model) before training")
+            high, rem = split(p.detach())
+            p.data = high
+            if not pure:
+                self._rem[id(p)], self._names[id(p)], self._params[id(p)] = rem, name, p
+        return self
+
+    def covers(self, param: torch.Tensor) -> bool:
+        return id(param) in self._rem
+
+    @property
+    def remainder_bytes(self) -> int:
+        return sum(r.numel() * r.element_size() for r in self._rem.values())
+
+    @contextlib.contextmanager
+    def exact(self, params: Sequence[torch.Tensor] | None = None, *, keep_grads: bool = True) -> Iterator[None]:
+        """Within the block the covered ``params`` (default: all) are their exact FP32 values, their gradients
+        FP32; after it, each is split again into its BF16 storage and remainder, and its gradient is BF16 again
+        (or dropped: ``keep_grads=False``, as ``zero_grad(set_to_none=True)`` would)."""
+        chosen = [p for p in (params if params is not None else self._params.values()) if id(p) in self._rem]
+        held: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            for p in chosen:
+                grad, low = p.grad, p.data
+                p.grad = None
+                p.data = join(low, self._rem[id(p)])
+                held.append((p, low))
+                if grad is not None:
+                    p.grad = grad.float()
+            yield
+        finally:
+            for p, low in held:
+                grad = p.grad
+                p.grad = None
+                high, rem = split(p.data)
+                low.copy_(high)
+                self._rem[id(p)].copy_(rem)
+                p.data = low
+                if grad is not None and keep_grads:
+                    p.grad = grad.to(torch.bfloat16)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """``{parameter name: int16 remainder}`` (the parameters' BF16 values are in the model's state_dict)."""
+        return {self._names[k]: r for k, r in self._rem.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Put saved remainders back; returns notes for names that do not match."""
+        by_name = {n: k for k, n in self._names.items()}
+        missing = sorted(set(by_name) - set(state))
+        for name, rem in state.items():
+            key = by_name.get(name)
+            if key is not None and tuple(rem.shape) == tuple(self._rem[key].shape):
+                self._rem[key].copy_(rem.to(self._rem[key].device))
+        if missing:
+            return [f"the checkpoint has no BF16 remainder for {len(missing)} parameter(s) (e.g. {missing[0]}): "
+                    "those continue from their BF16 values"]
+        return []
