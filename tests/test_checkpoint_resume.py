@@ -17,7 +17,11 @@ def build(precision, scheduler):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-2, total_steps=STEPS) if scheduler else None
     # fp16: a small growth interval so the scale grows (and backs off at BAD_STEP) within the run
-    amp = ampkit.MixedPrecision(precision, max_grad_norm=1.0, init_scale=2.0**8, growth_interval=2)
+    if precision == "bf16-weights":  # BF16 weights with remainders: the exact FP32 values must resume too
+        amp = ampkit.MixedPrecision("bf16", weights="bf16", max_grad_norm=1.0)
+        amp.attach(model)
+    else:
+        amp = ampkit.MixedPrecision(precision, max_grad_norm=1.0, init_scale=2.0**8, growth_interval=2)
     return model, opt, sched, amp
 
 
@@ -40,11 +44,12 @@ def snapshot(model, opt, sched, amp):
     return {"params": [p.detach().clone() for p in model.parameters()],
             "opt": [t.clone() for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)],
             "lr": [g["lr"] for g in opt.param_groups], "sched": sched.state_dict() if sched else None,
-            "stats": amp.stats(), "rng": torch.rand(4)}
+            "stats": amp.stats(), "rng": torch.rand(4),
+            "remainders": [r.clone() for r in amp.master.state_dict().values()] if amp.master is not None else []}
 
 
 @pytest.mark.parametrize("scheduler", [False, True], ids=["no-sched", "sched"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "bf16-weights"])
 def test_resume_is_bit_exact(precision, scheduler, tmp_path):
     parts = build(precision, scheduler)
     ref_losses = train(*parts, 0, STEPS)
@@ -69,6 +74,8 @@ def test_resume_is_bit_exact(precision, scheduler, tmp_path):
     assert len(got["opt"]) == len(ref["opt"]) and all(torch.equal(a, b) for a, b in zip(got["opt"], ref["opt"]))
     assert got["lr"] == ref["lr"] and got["sched"] == ref["sched"]
     assert got["stats"] == ref["stats"]
+    assert all(torch.equal(a, b) for a, b in zip(got["remainders"], ref["remainders"]))
+    assert len(got["remainders"]) == (4 if precision == "bf16-weights" else 0)
     assert ref["stats"]["skipped"] == 1  # the planted batch was skipped (fp16: the scale backed off)
     assert torch.equal(got["rng"], ref["rng"])
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg, add_fp32_modules_arg, add_precision_arg,
+                               add_weights_arg,
                                console, print_json)
 from ampkit.cli.train import add_task_args
 
@@ -66,6 +67,7 @@ def register(sub, formatter_class):
                    help="eager steps only (by default, on a device with graphs, both precisions replay the whole "
                         "step as one device graph and short eager runs give the eager speed-up too)")
     add_fp32_modules_arg(p)
+    add_weights_arg(p)
     add_fp8_recipe_arg(p, "with --precision fp8")
     p.add_argument("--explain", action="store_true",
                    help="rank the modules by the error they add (at the start and where the AMP curve leaves the "
@@ -88,7 +90,7 @@ def register(sub, formatter_class):
 
 _TASK_ONLY = (("task", "digits"), ("task_arg", []), ("lr", None), ("fp32_modules", None), ("explain", False),
               ("explain_budget", None), ("no_graph", False), ("device", None), ("fp8_recipe", "tensorwise"),
-              ("fp8_layers", "paying"), ("resume", False))
+              ("fp8_layers", "paying"), ("resume", False), ("weights", "fp32"))
 
 
 def _run_script(args) -> int:
@@ -165,7 +167,8 @@ def run(args) -> int:
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
                          explain_factor=factor, graph=False if args.no_graph else None, tolerance=args.tolerance,
-                         fp8_recipe=args.fp8_recipe, fp8_layers=args.fp8_layers, resume=args.resume)
+                         fp8_recipe=args.fp8_recipe, fp8_layers=args.fp8_layers, resume=args.resume,
+                         weights=args.weights)
     if args.json:
         print_json(result.to_dict())
     else:

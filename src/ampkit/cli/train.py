@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg, add_fp32_modules_arg,
+from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg, add_fp32_modules_arg, add_weights_arg,
                                add_precision_arg, console, print_json)
 
 EXAMPLES = """examples:
@@ -55,6 +55,7 @@ def register(sub, formatter_class):
                    help="FP16: the loss scaler's initial scale (default 65536; `ampkit diagnose --fp16-range` "
                         "recommends one)")
     add_fp32_modules_arg(p)
+    add_weights_arg(p)
     p.add_argument("--callback", action="append", default=[], metavar="FILE.py:factory",
                    help="call factory() for an ampkit.Callback run before/after each step, repeatable "
                         "(module:factory works too)")
@@ -140,7 +141,7 @@ def run(args) -> int:
         lr=args.lr, device=args.device, fused=False if args.no_fused else None, tf32=args.tf32,
         tensorboard=args.tensorboard, strategy=args.strategy, init_scale=args.init_scale,
         fp32_modules=args.fp32_modules, graph=False if args.no_graph else None, fp8_recipe=args.fp8_recipe,
-        fp8_layers=args.fp8_layers,
+        fp8_layers=args.fp8_layers, weights=args.weights,
         callbacks=tuple(args.callback), stop_signal=args.stop_signal, stop_check_every=args.stop_check_every,
     )
     config.validate()

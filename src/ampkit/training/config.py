@@ -74,6 +74,8 @@ class TrainConfig:
     fp8_recipe: str = "tensorwise"  # with precision "fp8": torchao's "tensorwise", "rowwise" or "rowwise_with_gw_hp"
     # with precision "fp8": "paying", the layers the FP8 cost model predicts faster; "eligible", all the filter allows
     fp8_layers: str = "paying"
+    # how the weights are stored (ampkit.engine.master): "fp32", "bf16" (exact remainders), "bf16-pure"
+    weights: str = "fp32"
 
     def validate(self) -> None:
         if self.fp8_recipe not in FP8_RECIPES:
@@ -109,6 +111,8 @@ class TrainConfig:
             changes["fp32_modules"] = self.fp32_modules
         if self.init_scale is not None:
             changes["init_scale"] = self.init_scale
+        if self.weights != "fp32":
+            changes["weights"] = self.weights
         return AmpConfig(**changes)
 
     def stop_signals(self) -> tuple[int, ...]:

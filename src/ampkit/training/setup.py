@@ -120,6 +120,8 @@ def graph_blocker(config: TrainConfig, ctx: DistContext | None, task: Task, call
         return "several processes (DDP/FSDP2 steps run eagerly)"
     if config.accumulation_steps > 1:
         return "gradient accumulation (--accumulation-steps > 1)"
+    if config.weights != "fp32":
+        return f"--weights {config.weights} (the step joins and splits the weights; not yet captured as a graph)"
     if not task.graphable:
         return f"task {task.name} says its model cannot be captured (Task.graphable=False)"
     if any(getattr(type(cb), "before_step", Callback.before_step) is not Callback.before_step for cb in callbacks):
@@ -180,6 +182,9 @@ def build_run(config: TrainConfig, ctx: DistContext | None, device: Device, *, t
     if config.fp32_modules and ctx is not None and strategy == "fsdp" and precision.is_low_precision:
         raise UsageError("--fp32-modules with --strategy fsdp is not supported yet (FSDP2 gathers every weight in "
                          f"{precision.name}, so an FP32 region would meet low-precision weights): use --strategy ddp")
+    if config.weights != "fp32" and ctx is not None and ctx.world_size > 1:
+        raise UsageError(f"--weights {config.weights} runs in one process for now (DDP and FSDP2 gather and reduce "
+                         "the weights they were given): drop --weights or run one process")
     if ctx is not None and strategy is not None:
         model = wrap_model(model, strategy, precision, device, shard_fn=task.extra.get("shard"))
     blocker = graph_blocker(config, ctx, task, callbacks, device)

@@ -196,7 +196,7 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,
             explain_budget: float | None = None, explain_factor: float = 2.0, graph: bool | None = None,
             tolerance: float | None = None, fp8_recipe: str = "tensorwise", fp8_layers: str = "paying",
-            resume: bool = False) -> CompareResult:
+            resume: bool = False, weights: str = "fp32") -> CompareResult:
     """Train in FP32 and in ``precision`` from the same seeds, weights and data; return the verdict.
 
     Args:
@@ -220,6 +220,8 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
             layer the shape filter allows, to judge FP8's numerics where it does not pay).
         graph: the step captured as one device graph where possible (None, the default; see
             ``TrainConfig.graph``), and short eager runs for ``ratios["speedup_eager"]``; False: eager only.
+        weights: how the AMP runs store their weights (``"bf16"``: BF16 with exact FP32 updates;
+            ``"bf16-pure"``: BF16 with no master copy; :mod:`ampkit.engine.master`); the FP32 runs keep FP32.
         out: when given, write ``compare.json``, ``report.html`` and the PNG plots there.
         resume: keep the runs of the comparison already in ``out`` (``compare --continue``): its seeds are
             loaded, not trained again, when every setting matches (:mod:`ampkit.verify.prior`), only the
@@ -241,11 +243,16 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     refuse_existing(out, resume=resume)
     plan, regions, region_names = _plan(task_factory, precision, device, task_options, seeds, steps, log_every, lr,
                                         graph, fp32_modules, out)
-    plan.fp8_recipe, plan.fp8_layers = fp8_recipe, fp8_layers
+    plan.fp8_recipe, plan.fp8_layers, plan.weights = fp8_recipe, fp8_layers, weights
     key = settings(task_spec=task_factory, task=plan.first_task, task_options=task_options, amp=plan.amp,
                    steps=plan.steps, log_every=plan.log_every, lr=lr, fp32_modules=regions, graph=graph,
                    fp8_recipe=fp8_recipe, fp8_layers=fp8_layers, torch_version=_versions(plan.amp.device)["torch"])
+    if weights != "fp32":  # only then: comparisons saved before --weights existed continue as before
+        key["weights"] = weights
     run_notes: list[str] = []
+    if weights != "fp32":
+        run_notes.append({"bf16": "AMP runs: BF16 weights with 16-bit remainders (exact FP32 updates, --weights bf16)",
+                          "bf16-pure": "AMP runs: pure BF16 weights, no master copy (--weights bf16-pure)"}[weights])
     prior = _prior(plan, out, key, explain, run_notes) if resume else {"fp32": {}, "amp": {}}
     todo = replace(plan, seeds=tuple(s for s in plan.seeds if s not in prior["fp32"]), inits=plan.inits,
                    first_task=plan.first_task if plan.seeds[0] not in prior["fp32"] else None)

@@ -81,6 +81,7 @@ class RunPlan:
     graph: bool | None = None  # TrainConfig.graph: the step as one device graph where possible (None)
     fp8_recipe: str = "tensorwise"  # TrainConfig.fp8_recipe / fp8_layers, for --precision fp8
     fp8_layers: str = "paying"
+    weights: str = "fp32"  # TrainConfig.weights of the AMP runs (the FP32 runs keep FP32 weights)
 
     def task(self, seed: int) -> Task:
         """The seed's task with its recorded initial weights (recorded on first use)."""
@@ -107,7 +108,8 @@ class RunPlan:
                              log_every=min(self.log_every, steps or self.steps), evaluate=evaluate,
                              lr=lr if lr is not None else self.lr, max_consecutive_skips=None,
                              graph=self.graph if graph is None else graph, fp32_modules=tuple(fp32_modules) or None,
-                             fp8_recipe=self.fp8_recipe, fp8_layers=self.fp8_layers)
+                             fp8_recipe=self.fp8_recipe, fp8_layers=self.fp8_layers,
+                             weights=self.weights if precision.name != "fp32" else "fp32")
         result = finished(train(config, task=task, precision=precision, progress=progress))  # a stop ends all
         metric, value = _final_value(task, result) if evaluate else ("training loss", float("nan"))
         return task, Run(seed=seed, precision=precision.name, result=result, metric=metric, final=value,
