@@ -180,6 +180,14 @@ _ALL: tuple[CodeInfo, ...] = (
        "remove `model.half()`: keep the weights in FP32 and run the forward under "
        "`torch.autocast(device_type, dtype=torch.float16)` with `scaler = torch.amp.GradScaler(device_type)` "
        "(`ampkit train --precision fp16`); or use BF16 where the card has it"),
+    _c("bf16-weights-without-master", (DIAGNOSE,),
+       "BF16 weights trained without a master copy",
+       "after `model.to(torch.bfloat16)` (or `.bfloat16()`, `torch_dtype=torch.bfloat16`) the optimizer updates "
+       "the BF16 weights themselves: an update smaller than half the weight's rounding step (about 1/256 of it) "
+       "changes nothing, so small learning rates, late training and large weights silently stop learning",
+       "keep an exact FP32 value per weight: `ampkit.MixedPrecision('bf16', weights='bf16')` and "
+       "`amp.attach(model)` before training (BF16 weights plus a 16-bit remainder, 2+2 bytes; `--weights bf16`); "
+       "or keep the model in FP32 and run the forward under `torch.autocast(device_type, dtype=torch.bfloat16)`"),
     _c("scaler-update-missing", (DIAGNOSE,),
        "GradScaler stepped again without update()",
        "torch refuses a second `scaler.step` / `scaler.unscale_` on an optimizer before `scaler.update()` "

@@ -76,6 +76,9 @@ EXAMPLES = {
     "fp16-weights-without-master": """1. fp16-weights-without-master — FP16 weights trained without a master copy or a GradScaler · step 0
    where: half_plain_optimizer.py:38
    why:   6 of 6 parameters the optimizer updates are FP16 (`.half()`), with no GradScaler and no FP32 master copy: updates smaller than the weights' rounding step are lost, small gradients flush to zero, and a large one overflows to inf""",
+    "bf16-weights-without-master": """1. bf16-weights-without-master — BF16 weights trained without a master copy · step 0
+   where: bf16_pure_finetune.py:38
+   why:   6 of 6 parameters the optimizer updates are BF16 with no FP32 master copy: in the first 3 step(s), 96.2% of the updates with a non-zero gradient changed nothing (28,465 of 29,595 weights stayed where they were): updates smaller than half a BF16 rounding step (about 1/256 of the weight) are rounded away""",
     "scaler-update-missing": """1. scaler-update-missing — GradScaler stepped again without update() · step 1
    where: scaler_no_update.py:23
    why:   the script raised RuntimeError: unscale_() is being called after step(): the GradScaler stepped (or unscaled) this optimizer again without `scaler.update()` after its previous step""",

@@ -40,6 +40,7 @@ from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.loop_checks import LoopChecks
 from ampkit.diagnose.nonfinite import NonFiniteLocator
 from ampkit.diagnose.opwatch import OpWatch
+from ampkit.diagnose.bf16_weights import Bf16WeightChecks
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
 from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import ModuleTracker, UserCode, is_ampkit_file
@@ -76,6 +77,7 @@ class Instrumentation:
         self.cast_checks = CastChecks(self)
         self.host_reads = HostReads(self)
         self.loop_checks = LoopChecks(self)
+        self.bf16_checks = Bf16WeightChecks(self)
 
     # ------------------------------------------------------------------ results
     @property
@@ -129,6 +131,15 @@ class Instrumentation:
                        mm.register_module_forward_hook(self._fwd_hook, with_kwargs=True, always_call=True),
                        optim_mod.register_optimizer_step_pre_hook(self._opt_pre_hook)):
             self._undo.append(handle.remove)
+        if self.mode == "diagnose":  # BF16 weights with no master copy: measured around the optimizer's steps
+            bf16 = self.bf16_checks
+            for handle in (optim_mod.register_optimizer_step_pre_hook(
+                               lambda opt, a, k: None if self._paused else bf16.before_step(opt)),
+                           optim_mod.register_optimizer_step_post_hook(
+                               lambda opt, a, k: None if self._paused else bf16.after_step(opt))):
+                self._undo.append(handle.remove)
+            self._patch(torch.nn.Module, "to", bf16.wrap_module_to)
+            self._patch(torch.nn.Module, "bfloat16", bf16.wrap_module_bfloat16)
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_opt_init)
         scaler, casts = self.scaler_checks, self.cast_checks
         gs = torch.amp.GradScaler
@@ -338,6 +349,7 @@ class Instrumentation:
                     list(self._findings.values()), scale))}
         self.host_reads.finish()
         self.scaler_checks.finish()
+        self.bf16_checks.finish()
 
 
 def _is_compiled(module) -> bool:
