@@ -18,6 +18,7 @@ CONTRACT = {
     "diagnose": ["--steps", "--json", "--replay", "--fix-check"],
     "migrate": ["--fix", "--target", "--select", "--json", "--jobs", "--musa-version"],
     "bench": ["--model", "--precision", "--compile", "--graph", "--steps", "--json", "--rounds"],
+    "parity": ["--against", "--precision", "--steps", "--json"],
 }
 
 

@@ -39,6 +39,7 @@ MAY_IMPORT = {
     "diagnose": LEAVES | {"device", "engine", "checkpoint", "training", "tasks"},
     "verify": LEAVES | {"__init__", "device", "engine", "checkpoint", "training", "tasks", "diagnose"},
     "bench": LEAVES | {"__init__", "device", "engine", "tasks", "distributed", "training"},
+    "parity": LEAVES | {"device", "diagnose"},
     "cli": None,  # the top: may import anything
 }
 

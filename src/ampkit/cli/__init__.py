@@ -19,7 +19,7 @@ from ampkit.verify.interrupt import Interrupted
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # Order is the order shown in --help.
-COMMANDS = ("doctor", "train", "compare", "audit", "diagnose", "migrate", "bench")
+COMMANDS = ("doctor", "train", "compare", "audit", "diagnose", "migrate", "bench", "parity")
 
 
 class _Parser(argparse.ArgumentParser):
