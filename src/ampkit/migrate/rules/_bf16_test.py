@@ -13,7 +13,7 @@ import libcst as cst
 
 from ampkit.migrate._cst import dotted, kwarg, string_value
 
-__all__ = ["bf16_polarity", "bf16_condition"]
+__all__ = ["bf16_polarity", "bf16_condition", "fp16_only"]
 
 _BF16 = re.compile(r"b(?:f|float)_?16", re.IGNORECASE)
 # FP16 words (not the "float16" inside "bfloat16"), and the Lightning names "16-mixed" / "16" for FP16.
@@ -93,3 +93,30 @@ def bf16_condition(ctx, call: cst.Call) -> tuple[cst.BaseExpression, bool] | Non
             return parent.test, branch == 1
         child, parent = parent, ctx.parent(parent)
     return None
+
+
+_SWAP = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.Is: cst.IsNot, cst.IsNot: cst.Is,
+         cst.In: cst.NotIn, cst.NotIn: cst.In}
+
+
+def fp16_only(ctx, test: cst.BaseExpression) -> str:
+    """``test`` (true under BF16) turned into the condition for FP16, as the user's code would say it:
+    ``not use_bf16``, ``dtype != torch.bfloat16``, ``cfg["amp"] and not use_bf16``."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return ctx.code(test.expression).strip()
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = bf16_polarity(test.left), bf16_polarity(test.right)
+        if left == 1 and right != 1:
+            return f"{ctx.code(test.right).strip()} and {fp16_only(ctx, test.left)}"
+        if right == 1 and left != 1:
+            return f"{ctx.code(test.left).strip()} and {fp16_only(ctx, test.right)}"
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and not test.lpar:
+        target = test.comparisons[0]
+        swapped = _SWAP.get(type(target.operator))
+        if swapped is not None:
+            op = target.operator
+            new = swapped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after) \
+                if swapped in (cst.Equal, cst.NotEqual) else swapped()
+            return ctx.code(test.with_changes(comparisons=[target.with_changes(operator=new)])).strip()
+    text = ctx.code(test).strip()
+    return f"not {text}" if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else f"not ({text})"

@@ -45,6 +45,8 @@ _TEXT_CALLS = frozenset({"str", "repr", "format", "join"})
 _STRING_TESTS = frozenset({"startswith", "endswith", "match", "fullmatch", "search", "findall", "finditer",
                            "compile", "sub", "subn", "split", "find", "rfind", "index", "count", "replace"})
 _MAX_HOPS = 4
+# What a framework name of a GPU vendor looks like (Lightning: "cuda", "gpu"; a "cuda:0" is still one of them).
+_NAMES = re.compile(r"(?:cuda|musa)(?::\d+)?|gpu")
 
 
 def sink_words(code: str) -> tuple[str, ...]:
@@ -112,6 +114,10 @@ class _Collector(cst.CSTVisitor):
             self.settings.append((target.value, value, self.statement, True))
         elif isinstance(target, cst.Attribute):
             self.settings.append((target.attr.value, value, self.statement, False))
+        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and \
+                len(target.elements) == len(value.elements):  # accelerator, devices = "gpu", [0]
+            for t, v in zip(target.elements, value.elements):
+                self._targets(t.value, v.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
@@ -186,7 +192,7 @@ class FrameworkFlow:
             found.append(value)
         else:
             walk(value, [_Strings()])
-        named = [s for s in found if string_value(s) is not None]
+        named = [s for s in found if _NAMES.fullmatch(string_value(s) or "")]
         if named:
             self.frozen.add(statement)
             for s in named:

@@ -246,13 +246,14 @@ class DeviceTargetRule(Rule):
         if use is None:
             return False
         if self.dst == "musa":
-            if use.setting:
-                how = f"sets `{use.via}`, which reaches accelerator="
-            else:
+            if not use.setting:
                 how = f"reaches accelerator= at line {self.ctx.line(use.node)} through `{use.via}`"
+            else:
+                how = f"sets `{use.via}`" + ("" if use.via == "accelerator" else ", which reaches accelerator=")
             self.report(node, "deprecated-amp-api",
-                        f'could not port: framework name. "{value}" {how}: a framework\'s name (Lightning), not a '
-                        'torch device; "musa" is not one of its names and would raise. The line is left as is.',
+                        f'could not port: framework name. "{value}" {how}, so it is a framework\'s accelerator name '
+                        '(Lightning), not a torch device; "musa" is not one of its names and would raise. The line '
+                        'is left as is.',
                         _LIGHTNING_FIX, kind="framework name")
         return True
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, kwarg, string_value
-from ampkit.migrate.rules._bf16_test import bf16_condition
+from ampkit.migrate.rules._bf16_test import bf16_condition, fp16_only
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["ScalerWithBf16Rule"]
@@ -67,8 +67,7 @@ class ScalerWithBf16Rule(Rule):
             condition, holds = condition.expression, True  # `None if not bf16 else Scaler()`: made when `bf16`
         test = self.ctx.code(condition).strip()
         if holds:
-            when = f"when `{test}`"
-            inverted = f"not {test}" if isinstance(condition, (cst.Name, cst.Attribute, cst.Call)) else f"not ({test})"
+            when, inverted = f"when `{test}`", fp16_only(self.ctx, condition)
         else:
             when, inverted = f"when `{test}` is false", test
         scaler = self.ctx.code(call.func)
