@@ -12,7 +12,7 @@ test that cannot be moved.
   inside an f-string, a ``%``-format or ``.format``) names nothing that runs: it is neither moved nor
   reported, and neither is ``torch.version.cuda`` there.
 * **Tests that cannot move.** A string that names the vendor but is not a device or a prefix of one
-  (``re.match(r"cuda:\\d+", dev)``, ``dev.startswith("cuda_")``), compared with or searched in a device, is
+  (``re.match(r"cuda:\\d+", dev)``, ``re.search("^cuda", dev)``), compared with or searched in a device, is
   reported: leaving it while the device moves is a half-port.
 """
 
@@ -26,7 +26,7 @@ import libcst as cst
 from ampkit.migrate._cst import last_name, string_value
 from ampkit.migrate._walk import walk
 
-__all__ = ["FrameworkFlow", "framework_flow", "is_prose", "in_test", "FRAMEWORK_KEYWORD", "sink_words"]
+__all__ = ["FrameworkFlow", "framework_flow", "is_prose", "in_test", "device_pattern", "FRAMEWORK_KEYWORD", "sink_words"]
 
 FRAMEWORK_KEYWORD = "accelerator"
 # A file can hold a framework name only when it sets something named `accelerator` (not to `Accelerator(...)`,
@@ -263,6 +263,8 @@ def in_test(ctx, node: cst.SimpleString) -> bool:
     return False
 
 
-def vendor_word(vendor: str) -> re.Pattern[str]:
-    """The vendor as a word of a string, in any case (``cuda``, ``CUDA``; not ``CUDA_HOME`` nor ``cudart``)."""
-    return re.compile(rf"(?<![A-Za-z0-9_]){vendor}(?![A-Za-z0-9_])", re.IGNORECASE)
+def device_pattern(vendor: str) -> re.Pattern[str]:
+    """A string that spells a device of ``vendor`` or a pattern for one: it starts with the vendor, lower case
+    as torch writes it (after a regular expression's ``^``, ``(`` or ``\\b``), and holds no space
+    (``r"cuda:(\\d+)"``, ``"^cuda"``; not ``"torch.cuda"``, a key, nor ``"CUDA out of memory"``, a message)."""
+    return re.compile(rf"(?:\^|\(|\\b)*{vendor}(?![A-Za-z0-9_])\S*")

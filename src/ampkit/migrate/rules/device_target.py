@@ -22,7 +22,7 @@ from ampkit.migrate._walk import walk
 from ampkit.migrate.context import AUTOLOAD_MUSA_VERSION, VENDOR_SWAP
 from ampkit.migrate.device_resolve import device_type_of
 from ampkit.migrate.rules._amp import scaler_without_device
-from ampkit.migrate.rules._device_flow import framework_flow, in_test, is_prose, sink_words, vendor_word
+from ampkit.migrate.rules._device_flow import device_pattern, framework_flow, in_test, is_prose, sink_words
 from ampkit.migrate.rules._musa_twins import RENAMED, TWINS
 from ampkit.migrate.rules.base import Rule
 
@@ -68,7 +68,7 @@ class DeviceTargetRule(Rule):
         self._moved = False  # a device moved: the collective backend may follow
         self._backends: list[cst.SimpleString] = []
         self._flow = framework_flow(self.ctx)
-        self._word = vendor_word(self.src)
+        self._pattern = device_pattern(self.src)
 
     def replace(self, node: cst.CSTNode, fn) -> None:
         # a statement whose string reaches a framework's name stays whole: no half of it moves
@@ -209,7 +209,7 @@ class DeviceTargetRule(Rule):
             self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
         elif value == self.backend[0]:
             self._backends.append(node)
-        elif not m and self._word.search(value) and in_test(self.ctx, node) and not self.ctx.in_fallback(node):
+        elif not m and self._pattern.fullmatch(value) and in_test(self.ctx, node) and not self.ctx.in_fallback(node):
             self.report(node, "deprecated-amp-api",
                         f"could not port: device test. {value!r} tests a device's text for {self.src}, and it cannot "
                         f"be moved as written: a {self.dst} device fails it while the rest of the flow moves. "
