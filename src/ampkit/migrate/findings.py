@@ -22,6 +22,7 @@ PORT_KINDS = {
     "framework name": "a framework's accelerator name (Lightning's accelerator=\"cuda\"/\"gpu\")",
     "no twin": "a torch.cuda function or torch.backends.cuda switch torch.musa does not have",
     "device index": "a .cuda(x) whose argument may be an index or a device",
+    "device test": "a test or search of a device's text that cannot be moved (re.match(r\"cuda:\\d+\", dev))",
     "backend": "a collective backend left as is because no device in the file moves",
 }
 

@@ -22,14 +22,16 @@ from ampkit.migrate._walk import walk
 from ampkit.migrate.context import AUTOLOAD_MUSA_VERSION, VENDOR_SWAP
 from ampkit.migrate.device_resolve import device_type_of
 from ampkit.migrate.rules._amp import scaler_without_device
+from ampkit.migrate.rules._device_flow import device_pattern, framework_flow, in_test, is_prose, sink_words
 from ampkit.migrate.rules._musa_twins import RENAMED, TWINS
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["DeviceTargetRule", "TWINS"]
 
 _BACKEND = {"musa": ("nccl", "mccl"), "cuda": ("mccl", "nccl")}
-# A device string, or a template for one: "cuda", "cuda:0", "cuda:%d", "cuda:{}", "cuda:{rank}".
-_TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%[ds]|\{\w*\}))?")
+# A device string, a template for one or its prefix: "cuda", "cuda:0", "cuda:%d", "cuda:{}", "cuda:{rank}",
+# "cuda:{:d}", and "cuda:" (`dev.startswith("cuda:")`, `"cuda:" + str(rank)`).
+_TEMPLATE = re.compile(r"(cuda|musa)(:(?:\d+|%\(?\w*\)?[dis]|\{[^{}]*\})?)?")
 # Calls whose string arguments are path parts ("csrc", "cuda", "*.cu"), not devices.
 _PATH_CALLS = frozenset({"join", "glob", "iglob", "Path", "PurePath"})
 # Keywords whose string value is a name (an argparse flag, a destination), not a device.
@@ -48,6 +50,10 @@ class DeviceTargetRule(Rule):
     keep = ("*cuda*", "*musa*", "*CUDA*", "*MUSA*", "*nccl*", "*mccl*", "GradScaler", "*nvidia-smi*", "gpu")
 
     @classmethod
+    def keep_words(cls, code: str) -> tuple[str, ...]:
+        return sink_words(code)  # `L.Fabric(accelerator=accel)`: the flow reads where `accel` goes
+
+    @classmethod
     def may_match(cls, text: str, target: str) -> bool:
         if target not in VENDOR_SWAP:
             return False
@@ -61,6 +67,18 @@ class DeviceTargetRule(Rule):
         self.backend = _BACKEND[self.ctx.target]
         self._moved = False  # a device moved: the collective backend may follow
         self._backends: list[cst.SimpleString] = []
+        self._flow = framework_flow(self.ctx)
+        self._pattern = device_pattern(self.src)
+
+    def replace(self, node: cst.CSTNode, fn) -> None:
+        # a statement whose string reaches a framework's name stays whole: no half of it moves
+        if self._flow is None or not self._flow.frozen or not self._in_frozen(node):
+            super().replace(node, fn)
+
+    def _in_frozen(self, node: cst.CSTNode) -> bool:
+        while node is not None and not isinstance(node, (cst.SimpleStatementLine, cst.Param, cst.Module)):
+            node = self.ctx.parent(node)
+        return node in self._flow.frozen
 
     def leave_Module(self, node: cst.Module) -> None:
         self._import_torch_musa(node)
@@ -173,12 +191,13 @@ class DeviceTargetRule(Rule):
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = string_value(node)
-        if value is None or self._string_statement(node):
+        if value is None or self._string_statement(node) or is_prose(self.ctx, node):
             return
         if self.dst == "musa" and self._counts_devices(node, value):
             return
         m = _TEMPLATE.fullmatch(value)
-        if (m and m.group(1) == self.src or value == "gpu") and self._framework_name(node, value):
+        if (m and m.group(1) == self.src or value == "gpu") and (
+                self._framework_name(node, value) or self._reaches_framework(node, value)):
             return
         if m and m.group(1) == self.src and self.ctx.in_fallback(node):
             return  # a test in code for old torch (torch<1.10 has no torch.autocast): left alone
@@ -190,6 +209,12 @@ class DeviceTargetRule(Rule):
             self.replace(node, lambda u: u.with_changes(value=f"{u.prefix}{u.quote}{new}{u.quote}"))
         elif value == self.backend[0]:
             self._backends.append(node)
+        elif not m and self._pattern.fullmatch(value) and in_test(self.ctx, node) and not self.ctx.in_fallback(node):
+            self.report(node, "deprecated-amp-api",
+                        f"could not port: device test. {value!r} tests a device's text for {self.src}, and it cannot "
+                        f"be moved as written: a {self.dst} device fails it while the rest of the flow moves. "
+                        "Left as is.",
+                        f'device.type == "{self.dst}"  # test the device type, not its text', kind="device test")
 
     def _string_statement(self, node: cst.SimpleString) -> bool:
         """A docstring, or any string standing as a statement: prose, not code (the AMP recipe's
@@ -211,6 +236,24 @@ class DeviceTargetRule(Rule):
             self.report(node, "deprecated-amp-api",
                         f'could not port: framework name. accelerator="{value}" is {callee or "a framework"}\'s '
                         f'name, not a torch device; "musa" is not one of its names and would raise. Left as is.',
+                        _LIGHTNING_FIX, kind="framework name")
+        return True
+
+    def _reaches_framework(self, node: cst.SimpleString, value: str) -> bool:
+        """A string that reaches ``accelerator=`` through a variable, a parameter or a setting named for it
+        (:mod:`._device_flow`): reported, and its statement left whole."""
+        use = self._flow.uses.get(node) if self._flow is not None else None
+        if use is None:
+            return False
+        if self.dst == "musa":
+            if not use.setting:
+                how = f"reaches accelerator= at line {self.ctx.line(use.node)} through `{use.via}`"
+            else:
+                how = f"sets `{use.via}`" + ("" if use.via == "accelerator" else ", which reaches accelerator=")
+            self.report(node, "deprecated-amp-api",
+                        f'could not port: framework name. "{value}" {how}, so it is a framework\'s accelerator name '
+                        '(Lightning), not a torch device; "musa" is not one of its names and would raise. The line '
+                        'is left as is.',
                         _LIGHTNING_FIX, kind="framework name")
         return True
 
@@ -244,7 +287,7 @@ class DeviceTargetRule(Rule):
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         # f"cuda:{rank}": the text before the first placeholder names the device.
         parts = node.parts
-        if len(parts) >= 2 and isinstance(parts[0], cst.FormattedStringText) and \
+        if len(parts) >= 2 and not is_prose(self.ctx, node) and isinstance(parts[0], cst.FormattedStringText) and \
                 parts[0].value == f"{self.src}:" and isinstance(parts[1], cst.FormattedStringExpression):
             self._moved = True
             self.replace(parts[0], lambda u: u.with_changes(value=f"{self.dst}:"))
@@ -257,6 +300,8 @@ class DeviceTargetRule(Rule):
             return
         if isinstance(inner, cst.Attribute) and inner.attr.value == "version" and self.ctx.is_torch(inner.value) \
                 and node.attr.value == self.src and not self.ctx.in_fallback(node):
+            if is_prose(self.ctx, node) or isinstance(self.ctx.parent(node), cst.DictElement):
+                return  # printed, logged or recorded (an environment report): no path is chosen by it
             self.report(node, "deprecated-amp-api",
                         f"could not port: vendor check. torch.version.{self.src} is None on a {self.dst} build, so a "
                         f"test on it takes the non-GPU path there. Left as is.",

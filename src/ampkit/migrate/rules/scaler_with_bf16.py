@@ -1,8 +1,11 @@
 """``scaler-with-bf16``: a GradScaler that is always enabled, in a function (or file) whose autocast
-runs in bfloat16.
+runs in bfloat16; or one made (or enabled) only under BF16: ``GradScaler() if use_bfloat16 else None``,
+``if args.bf16: scaler = GradScaler()``, ``GradScaler(enabled=dtype == torch.bfloat16)``.
 
-BF16 has FP32's exponent range: loss scaling buys nothing and costs a sync per step. A scaler with
-``enabled=<expression>`` is taken to be conditional and not reported.
+BF16 has FP32's exponent range: loss scaling buys nothing and costs a sync per step; a scaler made only
+under BF16 is the FP16 recipe inverted, and FP16 then trains without one. Otherwise a scaler with
+``enabled=<expression>`` is taken to be conditional and not reported. FSDP's and fairscale's
+``ShardedGradScaler`` count as GradScalers.
 """
 
 from __future__ import annotations
@@ -10,15 +13,19 @@ from __future__ import annotations
 import libcst as cst
 
 from ampkit.migrate._cst import dotted, kwarg, string_value
+from ampkit.migrate.rules._bf16_test import bf16_condition, fp16_only
 from ampkit.migrate.rules.base import Rule
 
 __all__ = ["ScalerWithBf16Rule"]
 
+# torch's GradScaler, and the sharded ones for FSDP (torch.distributed.fsdp.sharded_grad_scaler) and fairscale
+_SCALERS = frozenset({"GradScaler", "ShardedGradScaler"})
+
 
 class ScalerWithBf16Rule(Rule):
     codes = ("scaler-with-bf16",)
-    tokens = (("GradScaler",), ("autocast",), ("bfloat16", "cpu"))
-    keep = ("GradScaler", "autocast")
+    tokens = (("GradScaler",), ("bfloat16", "bf16", "BF16", "cpu"))
+    keep = ("*GradScaler", "autocast")
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -37,8 +44,12 @@ class ScalerWithBf16Rule(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         name = self.ctx.callee(node.func)
-        if name == "GradScaler" and self._always_enabled(node):
-            self._scalers.append((self._scope[-1], node))
+        if name in _SCALERS or name in self.ctx.aliases and self.ctx.aliases[name] & _SCALERS:
+            condition = bf16_condition(self.ctx, node)
+            if condition is not None:
+                self._only_under_bf16(node, *condition)
+            elif self._always_enabled(node):
+                self._scalers.append((self._scope[-1], node))
         elif name == "autocast" and self._is_bf16(node):
             self._bf16.add(self._scope[-1])
 
@@ -50,6 +61,21 @@ class ScalerWithBf16Rule(Rule):
                             "this GradScaler is always enabled while autocast runs in bfloat16; BF16 "
                             "has FP32's exponent range, so scaling only adds work. Enable it for FP16 only.",
                             "scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))")
+
+    def _only_under_bf16(self, call: cst.Call, condition: cst.BaseExpression, holds: bool) -> None:
+        if not holds and isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, cst.Not):
+            condition, holds = condition.expression, True  # `None if not bf16 else Scaler()`: made when `bf16`
+        test = self.ctx.code(condition).strip()
+        if holds:
+            when, inverted = f"when `{test}`", fp16_only(self.ctx, condition)
+        else:
+            when, inverted = f"when `{test}` is false", test
+        scaler = self.ctx.code(call.func)
+        self.report(call, "scaler-with-bf16",
+                    f"this {scaler} is made (or enabled) only {when}, that is under BF16, where loss scaling "
+                    "buys nothing; FP16, which needs it, then trains without one and small gradients underflow to "
+                    "zero. The condition is inverted.",
+                    f"make it for FP16 only: {scaler}(..., enabled={inverted})  # or: ... if {inverted} else None")
 
     @staticmethod
     def _always_enabled(call: cst.Call) -> bool:
