@@ -195,6 +195,29 @@ _ALL: tuple[CodeInfo, ...] = (
        "decorate the Function's `forward` with `@torch.amp.custom_fwd(device_type=...)` and its `backward` "
        "with `@torch.amp.custom_bwd(device_type=...)` (or `custom_fwd(device_type=..., cast_inputs=torch.float32)` "
        "to run it in FP32)"),
+    _c("static-loss-scale", (DIAGNOSE,),
+       "a hand-rolled constant loss scale without a GradScaler",
+       "the loss is multiplied by a constant (`(loss * 1e5).backward()`, gradients divided afterwards) under "
+       "FP16 with no GradScaler: when the backward overflows nothing skips the step, the optimizer writes "
+       "inf/NaN into the weights, and a constant cannot back off (or grow) as the gradients change",
+       "replace the constant with `scaler = torch.amp.GradScaler(device_type)`: `scaler.scale(loss).backward()`, "
+       "`scaler.step(optimizer)`, `scaler.update()` (it skips overflowing steps and adapts the scale), and remove "
+       "the manual division of the gradients; or use BF16 where the card has it"),
+    _c("zero-grad-between-backward-and-step", (DIAGNOSE,),
+       "gradients cleared between the backward and the optimizer step",
+       "`optimizer.zero_grad()` (or `model.zero_grad()`) runs after `loss.backward()` / "
+       "`scaler.scale(loss).backward()` and before `optimizer.step()` / `scaler.step(optimizer)`: the step "
+       "sees no gradients, nothing is learned, and `scaler.step` fails with \"No inf checks were recorded\"",
+       "clear the gradients before the backward (at the top of the iteration) or after the step: "
+       "`optimizer.zero_grad(set_to_none=True)`, `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+       "`scaler.update()`"),
+    _c("scheduler-every-microbatch", (DIAGNOSE,),
+       "the LR scheduler stepped at every micro-batch under gradient accumulation",
+       "`scheduler.step()` runs per micro-batch while the optimizer steps once per N micro-batches: the "
+       "learning-rate schedule runs N times too fast (warm-up over too soon, the LR at its floor after 1/N "
+       "of the run)",
+       "call `scheduler.step()` only when the optimizer steps: inside `if (i + 1) % accum_steps == 0:`, after "
+       "`scaler.step(optimizer)` / `optimizer.step()`"),
     # Not defects of AMP use: how the script itself ended, when diagnose could not map it to a code above.
     _c("script-error", (DIAGNOSE,),
        "the script raised",

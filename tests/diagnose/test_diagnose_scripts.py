@@ -22,7 +22,7 @@ PLANTED = {
     "overflow_fwd": ("nonfinite-forward", "model.2"),
     "nan_backward": ("nonfinite-backward", "model.1"),
     "clip_before_unscale": ("clip-before-unscale", "clip_before_unscale.py:15"),
-    "fp16_params_scaler": ("fp16-params-with-scaler", "fp16_params_scaler.py:16"),
+    "fp16_params_scaler": ("fp16-params-with-scaler", "fp16_params_scaler.py:7"),
     "fp16_no_scaler": ("fp16-without-scaler", "fp16_no_scaler.py"),
     "scale_collapse": ("scale-collapse", "scale_collapse.py:17"),
     "scaler_not_ckpt": ("scaler-not-checkpointed", "scaler_not_ckpt.py:21"),

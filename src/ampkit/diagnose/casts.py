@@ -39,6 +39,7 @@ class CastChecks:
         self.inst = inst
         self._decided: dict[tuple[str, str], str | None] = {}
         self._fp32: dict[int, weakref.ref] = {}  # tensors the script cast to FP32 (range mode)
+        self._fp16_made: dict[int, str] = {}  # storage address of an FP16 tensor the script's own line cast -> that line
 
     # ------------------------------------------------------------------ autocast
     def wrap_autocast_init(self, orig):
@@ -162,7 +163,9 @@ class CastChecks:
         def half(t, *args, **kwargs):
             if not is_compiling() and not inst._paused and inst.mode == "diagnose" and t.is_floating_point():
                 checks._half_in_autocast(t, "`.half()`")
-            return orig(t, *args, **kwargs)
+            out = orig(t, *args, **kwargs)
+            checks._note_fp16(out)
+            return out
 
         return half
 
@@ -175,11 +178,31 @@ class CastChecks:
                     and t.is_floating_point()):
                 checks._half_in_autocast(t, "`.to(torch.float16)`", follows_dtype_ok=True)
             out = orig(t, *args, **kwargs)
+            checks._note_fp16(out)
             if inst.mode == "range" and (kwargs.get("dtype") is torch.float32 or any(a is torch.float32 for a in args)):
                 checks._note_fp32(out)
             return out
 
         return to
+
+    def _note_fp16(self, out: Any) -> None:
+        """An FP16 tensor made by a cast on the user's own line (``w.data = w.data.half()`` in a helper): a
+        parameter that later holds this storage was made FP16 there."""
+        inst = self.inst
+        if (is_compiling() or inst._paused or inst.mode != "diagnose" or not isinstance(out, torch.Tensor)
+                or out.dtype != torch.float16 or out.device.type == "meta" or torch.is_autocast_enabled(out.device.type)):
+            return
+        frame = inst.user.caller_is_user(2)
+        if frame is not None and len(self._fp16_made) < 4096:
+            self._fp16_made[out.untyped_storage().data_ptr()] = frame_where(frame)
+
+    def fp16_cast_line(self, params: list[torch.Tensor]) -> str | None:
+        """The user's line that cast one of ``params`` (FP16 now) to FP16 by hand, if the run saw it."""
+        for p in params:
+            where = self._fp16_made.get(p.untyped_storage().data_ptr())
+            if where is not None:
+                return where
+        return None
 
     # ------------------------------------------------------------------ explicit FP32 (range mode)
     # The FP32 run of --fp16-range cannot see which values the AMP run computes in FP32: a loss on

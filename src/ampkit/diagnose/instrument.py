@@ -7,6 +7,8 @@ files are never edited. It installs:
 * global module forward pre-hooks and forward hooks (module paths, the non-finite locator, or the
   FP16 range recorder), and tensor gradient hooks registered from them;
 * a global optimizer step pre-hook and a wrapper around ``torch.optim.Optimizer.__init__``;
+* wrappers around ``Tensor.backward``, ``zero_grad`` and ``LRScheduler.step`` (the order of the loop's calls,
+  :mod:`~ampkit.diagnose.order_checks`);
 * wrappers around ``torch.amp.GradScaler`` (``__init__``, ``scale``, ``unscale_``, ``step``,
   ``update``), ``clip_grad_norm_`` / ``clip_grad_value_``, ``torch.save``, ``torch.autocast``
   (construction and entry), ``Tensor.half`` / ``Tensor.to`` / ``Module.half``, and the host reads
@@ -40,7 +42,9 @@ from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.loop_checks import LoopChecks
 from ampkit.diagnose.nonfinite import NonFiniteLocator
 from ampkit.diagnose.opwatch import OpWatch
+from ampkit.diagnose.order_checks import OrderChecks
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
+from ampkit.diagnose.source import line_text
 from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import ModuleTracker, UserCode, is_ampkit_file
 
@@ -76,6 +80,7 @@ class Instrumentation:
         self.cast_checks = CastChecks(self)
         self.host_reads = HostReads(self)
         self.loop_checks = LoopChecks(self)
+        self.order_checks = OrderChecks(self)
 
     # ------------------------------------------------------------------ results
     @property
@@ -85,6 +90,13 @@ class Instrumentation:
     def add(self, finding: Finding, key: tuple | None = None) -> None:
         """Keep the first finding per key (default: code and where)."""
         self._findings.setdefault(key or (finding.code, finding.where), finding)
+
+    def source_line(self, where: str | None) -> str:
+        """The text of the user's line at ``where`` (``file:line`` as findings name it); '' when unreadable."""
+        if not where or ":" not in where:
+            return ""
+        path, _, line = where.rpartition(":")
+        return line_text(path, int(line)) if line.isdigit() else ""
 
     def has(self, code: str) -> bool:
         return any(f.code == code for f in self._findings.values())
@@ -157,6 +169,8 @@ class Instrumentation:
         for owner in (torch.optim.Optimizer, torch.nn.Module):
             self._patch(owner, "zero_grad", loop.wrap_zero_grad)
         self._patch(torch.autograd, "grad", loop.wrap_autograd_grad)
+        self._patch(torch.Tensor, "backward", self.order_checks.wrap_backward)
+        self._patch(torch.optim.lr_scheduler.LRScheduler, "step", self.order_checks.wrap_scheduler_step)
         for name in SYNC_NAMES:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
         self._patch(warnings, "warn", self._wrap_warn)
@@ -312,10 +326,12 @@ class Instrumentation:
                 self.recorder.record_ops(self.watch.take_maxima() if self.watch is not None else {})
                 self.recorder.record_params(optimizer_params(optimizer))
             else:
+                self.order_checks.before_step(optimizer)
                 if not self._scaled_this_step:
                     self.loop_checks.check_fp16_weights(optimizer)
                 self._flush()
-                if not self._scaled_this_step and any(d == torch.float16 for _, d in self._step_dtypes):
+                if (not self._scaled_this_step and any(d == torch.float16 for _, d in self._step_dtypes)
+                        and not self.has("static-loss-scale")):
                     self.scaler_checks.check_underflow(optimizer)
             self._step_dtypes.clear()
             self._scaled_this_step = False

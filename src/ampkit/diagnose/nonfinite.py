@@ -113,6 +113,12 @@ class NonFiniteLocator:
         if kind == "out":
             call.grads_out.append(grad)
 
+    def explained(self) -> None:
+        """Another finding explains this step's inf/NaN (a static loss scale): what follows is its consequence."""
+        self.calls.clear()
+        self.events.clear()
+        self.done = True
+
     def reset(self) -> None:
         self.calls.clear()
         self.events.clear()
