@@ -82,6 +82,15 @@ EXAMPLES = {
     "autograd-function-without-custom-fwd": """1. autograd-function-without-custom-fwd — a custom autograd.Function under autocast without custom_fwd/custom_bwd · step 0
    where: custom_fn_no_custom_fwd.py:26
    why:   the backward of the custom autograd.Function `LinearGELU` raised RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float: its forward ran under autocast (low-precision outputs), its backward runs outside autocast on FP32 saved tensors, and the dtypes meet in one op""",
+    "static-loss-scale": """1. static-loss-scale — a hand-rolled constant loss scale without a GradScaler · step 0
+   where: static_loss_scale.py:30
+   why:   the loss is multiplied by a constant 100000 before `backward()` under FP16 with no GradScaler (a hand-rolled static loss scale), and the backward overflowed: 6 of 6 gradients are inf/NaN; nothing skips such a step, so the optimizer writes inf/NaN into the weights (every later forward is NaN); ...""",
+    "zero-grad-between-backward-and-step": """1. zero-grad-between-backward-and-step — gradients cleared between the backward and the optimizer step · step 0
+   where: zero_grad_after_backward.py:43
+   why:   `zero_grad()` at zero_grad_after_backward.py:43 cleared the gradients the backward had just produced, before the optimizer step: the step sees no gradients (all None), so nothing is learned (and `scaler.step` fails with "No inf checks were recorded")""",
+    "scheduler-every-microbatch": """1. scheduler-every-microbatch — the LR scheduler stepped at every micro-batch under gradient accumulation · step 1
+   where: scheduler_per_microbatch.py:47
+   why:   `scheduler.step()` ran 4 times between two steps of its optimizer, with a backward between the calls: under gradient accumulation the learning-rate schedule advances per micro-batch, 4 times too fast (a schedule planned for the run ends after 1/4 of it)""",
     "script-error": """Traceback (most recent call last):
   File "train.py", line 7, in <module>
     ...
