@@ -46,9 +46,11 @@ def test_every_diagnose_code_in_the_registry_has_a_planted_script():
     from ampkit.findings import codes
 
     from test_corpus2 import PLANTED as PLANTED2, expectations  # tests/diagnose is on sys.path (rootdir import)
+    from test_corpus3 import PLANTED as PLANTED3, expectations as expectations3
 
     corpus2 = {code for name in PLANTED2 for code, _ in expectations(name)}  # planted at their lines there
-    assert {code for code, _ in PLANTED.values()} | ELSEWHERE | corpus2 == set(codes("diagnose"))
+    corpus3 = {code for name in PLANTED3 for code, _ in expectations3(name)}
+    assert {code for code, _ in PLANTED.values()} | ELSEWHERE | corpus2 | corpus3 == set(codes("diagnose"))
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))

@@ -29,8 +29,9 @@ EXAMPLES = {
    why:   `clip_grad_value_` clips gradients still multiplied by the loss scale ...
    fix:   call `scaler.unscale_(optimizer)` before `torch.nn.utils.clip_grad_value_(...)`, then `scaler.step(optimizer)` and `scaler.update()`""",
     "fp16-params-with-scaler": """1. fp16-params-with-scaler — FP16 parameters trained with a GradScaler · step 0
-   where: finetune.py:30
-   why:   the script raised ValueError: Attempting to unscale FP16 gradients.""",
+   where: finetune_half.py:22
+   why:   6 parameters are FP16 (model.backbone.0.weight, model.backbone.0.bias, model.backbone.2.weight, ...) and a GradScaler unscales their gradients: torch refuses with "Attempting to unscale FP16 gradients"; FP16 weights also lose small updates (the GradScaler steps at finetune_half.py:30; the weights were made FP16 at finetune_half.py:22)
+   fix:   keep the weights in FP32: remove the cast to FP16 at finetune_half.py:22 (`model = load_pretrained().half()`); ...""",
     "fp16-without-scaler": """1. fp16-without-scaler — FP16 autocast without a GradScaler: small gradients underflow to zero · step 1
    where: train.py:18
    why:   FP16 autocast without a GradScaler: 2 of 4 parameters have at least 50% of their gradient elements zero or subnormal (below 2^-14) ...""",

@@ -51,11 +51,14 @@ class CastChecks:
                 bound = sig.bind(ac, *args, **kwargs)
                 bound.apply_defaults()
                 if inst.mode == "range":
+                    user_enabled = bool(bound.arguments["enabled"])
                     bound.arguments["enabled"] = False
                 elif bound.arguments["enabled"]:
                     checks._check_dtype(bound.arguments["device_type"], bound.arguments["dtype"])
                 args, kwargs = bound.args[1:], bound.kwargs
             orig(ac, *args, **kwargs)
+            if not is_compiling() and not inst._paused and inst.mode == "range":
+                ac._ampkit_user_enabled = user_enabled  # the range run follows the script's own regions
 
         return __init__
 
@@ -110,9 +113,28 @@ class CastChecks:
             if not is_compiling() and not inst._paused and getattr(ac, "_enabled", False):
                 inst._step_dtypes.add((ac.device, ac.fast_dtype))
                 inst.step_dtypes_seen.add((ac.device, ac.fast_dtype))
+            regions = self._regions(ac)
+            if regions is not None:
+                regions.append(ac._ampkit_user_enabled)
             return orig(ac)
 
         return __enter__
+
+    def _regions(self, ac) -> list | None:
+        """Range mode: the stack of the script's autocast regions (on/off as the script asked) the FP32 run follows."""
+        watch = self.inst.watch
+        if self.inst.mode != "range" or watch is None or watch.amp is None or not hasattr(ac, "_ampkit_user_enabled"):
+            return None
+        return watch.amp.enabled
+
+    def wrap_autocast_exit(self, orig):
+        def __exit__(ac, *exc):
+            regions = self._regions(ac)
+            if regions:
+                regions.pop()
+            return orig(ac, *exc)
+
+        return __exit__
 
     # ------------------------------------------------------------------ losses
     def wrap_bce(self, orig):
@@ -180,6 +202,7 @@ class CastChecks:
             out = orig(t, *args, **kwargs)
             checks._note_fp16(out)
             if inst.mode == "range" and (kwargs.get("dtype") is torch.float32 or any(a is torch.float32 for a in args)):
+                out = checks._range_cast(t, out, torch.float32)
                 checks._note_fp32(out)
             return out
 
@@ -213,10 +236,35 @@ class CastChecks:
         def float_(t, *args, **kwargs):
             out = orig(t, *args, **kwargs)
             if inst.mode == "range" and not is_compiling():
+                out = checks._range_cast(t, out, torch.float32)
                 checks._note_fp32(out)
             return out
 
         return float_
+
+    def wrap_tensor_type_as(self, orig):
+        inst, checks = self.inst, self
+
+        def type_as(t, other, *args, **kwargs):
+            out = orig(t, other, *args, **kwargs)
+            if inst.mode == "range" and not is_compiling() and isinstance(other, torch.Tensor):
+                watch = inst.watch
+                out = checks._range_cast(t, out, watch.amp.of(other) if watch is not None and watch.amp else other.dtype)
+            return out
+
+        return type_as
+
+    def _range_cast(self, t: Any, out: Any, dtype: torch.dtype) -> Any:
+        """Range mode: a cast the FP32 run does not see (``y.float()`` of an FP32 tensor returns ``y``) still gives
+        a value of ``dtype`` in the AMP run. The result becomes an alias of ``t`` (so ``t`` keeps its own AMP dtype)
+        with that dtype noted."""
+        watch = self.inst.watch
+        if watch is None or watch.amp is None or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return out
+        if out is t:
+            out = t.view_as(t)
+        watch.amp.mark(out, dtype)
+        return out
 
     def _note_fp32(self, t: Any) -> None:
         if isinstance(t, torch.Tensor):

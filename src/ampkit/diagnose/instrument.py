@@ -66,6 +66,9 @@ class Instrumentation:
         self.locator = NonFiniteLocator(self.tracker, self.paused)
         self.recorder = RangeRecorder(self.tracker) if mode == "range" else None
         self.watch: OpWatch | None = OpWatch(mode, self.tracker.name, lambda: self._paused > 0) if watch_ops else None
+        if self.recorder is not None and self.watch is not None:
+            self.recorder.is_low = self.watch.amp.is_low
+            self.watch.amp.quiet = self.paused  # its own autocast must not be forced off like the script's
         self.step = 0
         self.devices_seen: set[str] = set()
         self._findings: dict[tuple, Finding] = {}
@@ -159,10 +162,13 @@ class Instrumentation:
         ac = torch.amp.autocast_mode.autocast
         self._patch(ac, "__init__", casts.wrap_autocast_init)
         self._patch(ac, "__enter__", casts.wrap_autocast_enter)
+        if self.mode == "range":
+            self._patch(ac, "__exit__", casts.wrap_autocast_exit)
         self._patch(torch.Tensor, "half", casts.wrap_tensor_half)
         self._patch(torch.Tensor, "to", casts.wrap_tensor_to)
         if self.mode == "range":
             self._patch(torch.Tensor, "float", casts.wrap_tensor_float)
+            self._patch(torch.Tensor, "type_as", casts.wrap_tensor_type_as)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
         self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
         loop = self.loop_checks

@@ -224,13 +224,17 @@ class _FirstNonFinite(TorchDispatchMode):
         refs = fp32_reference(func, args, kwargs) if low else None
         fmax = torch.finfo(outs[0].dtype).max
         precision = precision_made(outs, refs) or (low and finite and any(abs(v) > fmax for v in _scalars(args, kwargs)))
-        if not precision:
-            self.same_in_fp32.add((id(self.stack[-1]) if self.stack else None, _op_name(func)))
         if not (precision or finite) and self.fallback is not None:
+            self.same_in_fp32.add((id(self.stack[-1]) if self.stack else None, _op_name(func)))
             return
         mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
         cause, detail = (classify(func, args, kwargs, outs[0], self.tiny, refs) if finite or precision
                          else (NONFINITE_INPUTS, ""))
+        # A divisor that is 0 only because a constant (an eps) rounded to 0 in FP16/BF16: precision's doing too,
+        # measured on the constant (it is 0 in the low dtype and not in FP32), though the division itself is 0/0.
+        precision = precision or cause == UNDERFLOW
+        if not precision:
+            self.same_in_fp32.add((id(self.stack[-1]) if self.stack else None, _op_name(func)))
         hit = OpHit(_op_name(func), _dtype_name(outs[0].dtype), mags[:4], finite,
                     self.stack[-1] if self.stack else None, self._where(), cause, detail, precision)
         if precision:
