@@ -90,3 +90,9 @@ def test_zero_grad_finding_explains_the_scaler_crash(monkeypatch):
 def test_scheduler_finding_counts_the_calls_per_step(monkeypatch):
     f = _only("scheduler_per_microbatch", monkeypatch)
     assert "ran 4 times between two steps" in f.message
+
+
+def test_inf_that_fp32_gives_too_is_named_but_not_blamed_on_precision(monkeypatch):
+    f = _only("masked_row_nan", monkeypatch)
+    assert "`aten.masked_fill` (float16)" in f.message and "precision did not cause it" in f.message
+    assert "--fp32-modules" not in f.fix and "BF16" not in f.fix

@@ -236,7 +236,7 @@ class NonFiniteLocator:
         """A forward inf/NaN that reaches the loss although FP32 gives it too: named, not blamed on AMP."""
         return Finding(
             code="nonfinite-forward",
-            message=f"the output of {self.tracker.describe(call.module)} became inf/NaN at {hit.describe()}; "
+            message=f"the output of {self.tracker.describe(call.module)} became inf/NaN at `{hit.op}` ({hit.out_dtype}); "
                     "measured: the same op on the same inputs gives inf/NaN in FP32 too, so precision did not cause "
                     f"it and turning AMP off will not fix it{self._called(call, hit)}",
             where=self._where(call, hit), fix=not_precision_fix(), step=call.step)
