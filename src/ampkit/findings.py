@@ -218,6 +218,15 @@ _ALL: tuple[CodeInfo, ...] = (
        "of the run)",
        "call `scheduler.step()` only when the optimizer steps: inside `if (i + 1) % accum_steps == 0:`, after "
        "`scaler.step(optimizer)` / `optimizer.step()`"),
+    _c("bf16-weights-without-master", (DIAGNOSE,),
+       "BF16 weights updated without an FP32 master copy",
+       "after `model.to(torch.bfloat16)` the optimizer updates the BF16 weights themselves: BF16 keeps 8 "
+       "significant bits, so an update smaller than half the weight's rounding step (about 1/256 of the "
+       "weight) is rounded away and those weights stop learning; a small learning rate loses most updates",
+       "keep the weights in FP32 and run the forward under `torch.autocast(device_type, dtype=torch.bfloat16)` "
+       "(no GradScaler needed; `ampkit train --precision bf16`); or, for pure-BF16 training by design, use an "
+       "optimizer that compensates the rounding (stochastic rounding or Kahan summation, e.g. torchao's "
+       "`_AdamW(..., bf16_stochastic_round=True)`)"),
     # Not defects of AMP use: how the script itself ended, when diagnose could not map it to a code above.
     _c("script-error", (DIAGNOSE,),
        "the script raised",

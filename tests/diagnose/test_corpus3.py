@@ -96,3 +96,12 @@ def test_inf_that_fp32_gives_too_is_named_but_not_blamed_on_precision(monkeypatc
     f = _only("masked_row_nan", monkeypatch)
     assert "`aten.masked_fill` (float16)" in f.message and "precision did not cause it" in f.message
     assert "--fp32-modules" not in f.fix and "BF16" not in f.fix
+
+
+def test_bf16_weights_whose_updates_survive_are_not_reported(tmp_path, monkeypatch):
+    # Pure BF16 by design is fine when the updates are large enough to survive rounding: measured, not assumed.
+    text = (CORPUS / "bf16_pure_weights.py").read_text()
+    text = text.replace("lr=1e-5", "lr=1e-1").replace("  # expect: bf16-weights-without-master", "")
+    (tmp_path / "bf16_large_lr.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert diagnose_script("bf16_large_lr.py").findings == ()

@@ -92,6 +92,9 @@ EXAMPLES = {
     "scheduler-every-microbatch": """1. scheduler-every-microbatch — the LR scheduler stepped at every micro-batch under gradient accumulation · step 1
    where: scheduler_per_microbatch.py:47
    why:   `scheduler.step()` ran 4 times between two steps of its optimizer, with a backward between the calls: under gradient accumulation the learning-rate schedule advances per micro-batch, 4 times too fast (a schedule planned for the run ends after 1/4 of it)""",
+    "bf16-weights-without-master": """1. bf16-weights-without-master — BF16 weights updated without an FP32 master copy · step 1
+   where: bf16_pure_weights.py:25
+   why:   the optimizer updates BF16 parameters with no FP32 master copy, and on this step 4723 of 4869 weight elements (97%) with a non-zero gradient kept their old value: each update was smaller than half the weight's BF16 rounding step (about 1/256 of the weight) and was rounded away""",
     "script-error": """Traceback (most recent call last):
   File "train.py", line 7, in <module>
     ...

@@ -280,6 +280,21 @@ class CastChecks:
         ins = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
         return any((r := self._fp32.get(id(t))) is not None and r() is t for t in ins)
 
+    def wrap_module_low(self, orig):
+        """``Module.bfloat16()`` / ``Module.to(torch.bfloat16 or torch.float16)``: the line that made a model's
+        weights low precision, for the findings about weights without a master copy."""
+        inst = self.inst
+
+        def cast(module, *args, **kwargs):
+            if not is_compiling() and not inst._paused and inst.mode == "diagnose":
+                dtypes = [a for a in (*args, kwargs.get("dtype")) if isinstance(a, torch.dtype)]
+                if orig.__name__ == "bfloat16" or any(d in (torch.bfloat16, torch.float16) for d in dtypes):
+                    with inst.paused():
+                        inst.loop_checks.note_half(module)
+            return orig(module, *args, **kwargs)
+
+        return cast
+
     def wrap_module_half(self, orig):
         inst, checks = self.inst, self
 

@@ -41,6 +41,7 @@ from ampkit.diagnose.fp16range import RangeRecorder, recommended_scale
 from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.loop_checks import LoopChecks
 from ampkit.diagnose.nonfinite import NonFiniteLocator
+from ampkit.diagnose.master_checks import MasterChecks
 from ampkit.diagnose.opwatch import OpWatch
 from ampkit.diagnose.order_checks import OrderChecks
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
@@ -84,6 +85,7 @@ class Instrumentation:
         self.host_reads = HostReads(self)
         self.loop_checks = LoopChecks(self)
         self.order_checks = OrderChecks(self)
+        self.master_checks = MasterChecks(self)
 
     # ------------------------------------------------------------------ results
     @property
@@ -142,7 +144,8 @@ class Instrumentation:
         mm = torch.nn.modules.module
         for handle in (mm.register_module_forward_pre_hook(self._pre_hook),
                        mm.register_module_forward_hook(self._fwd_hook, with_kwargs=True, always_call=True),
-                       optim_mod.register_optimizer_step_pre_hook(self._opt_pre_hook)):
+                       optim_mod.register_optimizer_step_pre_hook(self._opt_pre_hook),
+                       optim_mod.register_optimizer_step_post_hook(self._opt_post_hook)):
             self._undo.append(handle.remove)
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_opt_init)
         scaler, casts = self.scaler_checks, self.cast_checks
@@ -170,6 +173,8 @@ class Instrumentation:
             self._patch(torch.Tensor, "float", casts.wrap_tensor_float)
             self._patch(torch.Tensor, "type_as", casts.wrap_tensor_type_as)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
+        for name in ("bfloat16", "to"):
+            self._patch(torch.nn.Module, name, casts.wrap_module_low)
         self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
         loop = self.loop_checks
         for owner in (torch.optim.Optimizer, torch.nn.Module):
@@ -315,6 +320,13 @@ class Instrumentation:
 
         return __init__
 
+    def _opt_post_hook(self, optimizer, args, kwargs):
+        if self._paused or self.mode != "diagnose":
+            return None
+        with self.paused():
+            self.master_checks.after_step(optimizer)
+        return None
+
     def _opt_pre_hook(self, optimizer, args, kwargs):
         if self._paused or self._in_scaler_step:
             return None
@@ -333,6 +345,7 @@ class Instrumentation:
                 self.recorder.record_params(optimizer_params(optimizer))
             else:
                 self.order_checks.before_step(optimizer)
+                self.master_checks.before_step(optimizer)
                 if not self._scaled_this_step:
                     self.loop_checks.check_fp16_weights(optimizer)
                 self._flush()
