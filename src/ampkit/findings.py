@@ -180,14 +180,6 @@ _ALL: tuple[CodeInfo, ...] = (
        "remove `model.half()`: keep the weights in FP32 and run the forward under "
        "`torch.autocast(device_type, dtype=torch.float16)` with `scaler = torch.amp.GradScaler(device_type)` "
        "(`ampkit train --precision fp16`); or use BF16 where the card has it"),
-    _c("bf16-weights-without-master", (DIAGNOSE,),
-       "BF16 weights trained without a master copy",
-       "after `model.to(torch.bfloat16)` (or `.bfloat16()`, `torch_dtype=torch.bfloat16`) the optimizer updates "
-       "the BF16 weights themselves: an update smaller than half the weight's rounding step (about 1/256 of it) "
-       "changes nothing, so small learning rates, late training and large weights silently stop learning",
-       "keep an exact FP32 value per weight: `ampkit.MixedPrecision('bf16', weights='bf16')` and "
-       "`amp.attach(model)` before training (BF16 weights plus a 16-bit remainder, 2+2 bytes; `--weights bf16`); "
-       "or keep the model in FP32 and run the forward under `torch.autocast(device_type, dtype=torch.bfloat16)`"),
     _c("scaler-update-missing", (DIAGNOSE,),
        "GradScaler stepped again without update()",
        "torch refuses a second `scaler.step` / `scaler.unscale_` on an optimizer before `scaler.update()` "
@@ -203,6 +195,40 @@ _ALL: tuple[CodeInfo, ...] = (
        "decorate the Function's `forward` with `@torch.amp.custom_fwd(device_type=...)` and its `backward` "
        "with `@torch.amp.custom_bwd(device_type=...)` (or `custom_fwd(device_type=..., cast_inputs=torch.float32)` "
        "to run it in FP32)"),
+    _c("static-loss-scale", (DIAGNOSE,),
+       "a hand-rolled constant loss scale without a GradScaler",
+       "the loss is multiplied by a constant (`(loss * 1e5).backward()`, gradients divided afterwards) under "
+       "FP16 with no GradScaler: when the backward overflows nothing skips the step, the optimizer writes "
+       "inf/NaN into the weights, and a constant cannot back off (or grow) as the gradients change",
+       "replace the constant with `scaler = torch.amp.GradScaler(device_type)`: `scaler.scale(loss).backward()`, "
+       "`scaler.step(optimizer)`, `scaler.update()` (it skips overflowing steps and adapts the scale), and remove "
+       "the manual division of the gradients; or use BF16 where the card has it"),
+    _c("zero-grad-between-backward-and-step", (DIAGNOSE,),
+       "gradients cleared between the backward and the optimizer step",
+       "`optimizer.zero_grad()` (or `model.zero_grad()`) runs after `loss.backward()` / "
+       "`scaler.scale(loss).backward()` and before `optimizer.step()` / `scaler.step(optimizer)`: the step "
+       "sees no gradients, nothing is learned, and `scaler.step` fails with \"No inf checks were recorded\"",
+       "clear the gradients before the backward (at the top of the iteration) or after the step: "
+       "`optimizer.zero_grad(set_to_none=True)`, `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+       "`scaler.update()`"),
+    _c("scheduler-every-microbatch", (DIAGNOSE,),
+       "the LR scheduler stepped at every micro-batch under gradient accumulation",
+       "`scheduler.step()` runs per micro-batch while the optimizer steps once per N micro-batches: the "
+       "learning-rate schedule runs N times too fast (warm-up over too soon, the LR at its floor after 1/N "
+       "of the run)",
+       "call `scheduler.step()` only when the optimizer steps: inside `if (i + 1) % accum_steps == 0:`, after "
+       "`scaler.step(optimizer)` / `optimizer.step()`"),
+    _c("bf16-weights-without-master", (DIAGNOSE,),
+       "BF16 weights updated without an FP32 master copy",
+       "after `model.to(torch.bfloat16)` the optimizer updates the BF16 weights themselves: BF16 keeps 8 "
+       "significant bits, so an update smaller than half the weight's rounding step (about 1/256 of the "
+       "weight) is rounded away and those weights stop learning; a small learning rate loses most updates",
+       "keep an exact FP32 value per weight with the memory of BF16: `ampkit.MixedPrecision('bf16', weights='bf16')` "
+       "and `amp.attach(model)` before training (BF16 weights plus a 16-bit remainder each; `--weights bf16`); or "
+       "keep the weights in FP32 and run the forward under `torch.autocast(device_type, dtype=torch.bfloat16)` "
+       "(no GradScaler needed; `ampkit train --precision bf16`); or, for pure-BF16 training by design, use an "
+       "optimizer that compensates the rounding (stochastic rounding or Kahan summation, e.g. torchao's "
+       "`_AdamW(..., bf16_stochastic_round=True)`)"),
     # Not defects of AMP use: how the script itself ended, when diagnose could not map it to a code above.
     _c("script-error", (DIAGNOSE,),
        "the script raised",

@@ -100,3 +100,39 @@ def test_a_loss_on_float_logits_is_not_kept_in_fp32(monkeypatch):
     assert error is None and report.keep_fp32 == () and report.overflow == () and report.op_overflow == ()
     assert any("criterion runs on inputs the script casts with `.float()`" in n for n in report.notes)
     assert main(["diagnose", "--fp16-range", "range_loss_float.py"]) == 0
+
+
+class _Gain(nn.Module):
+    """A Linear whose output is multiplied by 1e6: by a Python number (FP16 under autocast) or by an FP32
+    buffer (type promotion makes the product FP32 under autocast)."""
+
+    def __init__(self, promoted: bool):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.promoted = promoted
+        self.register_buffer("gain", torch.full((8,), 1e6))
+
+    def forward(self, x):
+        y = self.fc(x)
+        z = y * self.gain if self.promoted else y * 1e6
+        return z.sum(-1, keepdim=True) * 1e-6
+
+
+def test_api_follows_autocast_casting_rules_for_ops():
+    # Only a value the AMP run holds in FP16 can overflow it: the same multiply is named when its product is
+    # FP16 and not when autocast's type promotion makes it FP32 (issue 45).
+    reports = {}
+    for promoted in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(_Gain(promoted), nn.Linear(1, 2))
+        reports[promoted] = fp16_range_report(model, [(torch.randn(4, 8), torch.randn(4, 2))], nn.functional.mse_loss)
+    assert reports[False].keep_fp32 == ("model.0",) and any(o.op == "aten.mul" for o in reports[False].op_overflow)
+    assert reports[True].keep_fp32 == () and reports[True].op_overflow == ()
+
+
+def test_script_mode_does_not_name_a_multiply_autocast_runs_in_fp32():
+    # `scores.float() * 1e5` is FP32 under autocast: its 1e5 is no FP16 overflow (plain diagnose agrees).
+    path = os.path.join(SCRIPTS, "range_fp32_multiply.py")
+    report, error = fp16_range_script(path, steps=2)
+    assert error is None and report.keep_fp32 == () and report.op_overflow == () and report.overflow == ()
+    assert diagnose_script(path).findings == ()

@@ -22,7 +22,7 @@ PLANTED = {
     "overflow_fwd": ("nonfinite-forward", "model.2"),
     "nan_backward": ("nonfinite-backward", "model.1"),
     "clip_before_unscale": ("clip-before-unscale", "clip_before_unscale.py:15"),
-    "fp16_params_scaler": ("fp16-params-with-scaler", "fp16_params_scaler.py:16"),
+    "fp16_params_scaler": ("fp16-params-with-scaler", "fp16_params_scaler.py:7"),
     "fp16_no_scaler": ("fp16-without-scaler", "fp16_no_scaler.py"),
     "scale_collapse": ("scale-collapse", "scale_collapse.py:17"),
     "scaler_not_ckpt": ("scaler-not-checkpointed", "scaler_not_ckpt.py:21"),
@@ -46,9 +46,11 @@ def test_every_diagnose_code_in_the_registry_has_a_planted_script():
     from ampkit.findings import codes
 
     from test_corpus2 import PLANTED as PLANTED2, expectations  # tests/diagnose is on sys.path (rootdir import)
+    from test_corpus3 import PLANTED as PLANTED3, expectations as expectations3
 
     corpus2 = {code for name in PLANTED2 for code, _ in expectations(name)}  # planted at their lines there
-    assert {code for code, _ in PLANTED.values()} | ELSEWHERE | corpus2 == set(codes("diagnose"))
+    corpus3 = {code for name in PLANTED3 for code, _ in expectations3(name)}
+    assert {code for code, _ in PLANTED.values()} | ELSEWHERE | corpus2 | corpus3 == set(codes("diagnose"))
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))

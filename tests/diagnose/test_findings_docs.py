@@ -29,8 +29,9 @@ EXAMPLES = {
    why:   `clip_grad_value_` clips gradients still multiplied by the loss scale ...
    fix:   call `scaler.unscale_(optimizer)` before `torch.nn.utils.clip_grad_value_(...)`, then `scaler.step(optimizer)` and `scaler.update()`""",
     "fp16-params-with-scaler": """1. fp16-params-with-scaler — FP16 parameters trained with a GradScaler · step 0
-   where: finetune.py:30
-   why:   the script raised ValueError: Attempting to unscale FP16 gradients.""",
+   where: finetune_half.py:22
+   why:   6 parameters are FP16 (model.backbone.0.weight, model.backbone.0.bias, model.backbone.2.weight, ...) and a GradScaler unscales their gradients: torch refuses with "Attempting to unscale FP16 gradients"; FP16 weights also lose small updates (the GradScaler steps at finetune_half.py:30; the weights were made FP16 at finetune_half.py:22)
+   fix:   keep the weights in FP32: remove the cast to FP16 at finetune_half.py:22 (`model = load_pretrained().half()`); ...""",
     "fp16-without-scaler": """1. fp16-without-scaler — FP16 autocast without a GradScaler: small gradients underflow to zero · step 1
    where: train.py:18
    why:   FP16 autocast without a GradScaler: 2 of 4 parameters have at least 50% of their gradient elements zero or subnormal (below 2^-14) ...""",
@@ -76,15 +77,24 @@ EXAMPLES = {
     "fp16-weights-without-master": """1. fp16-weights-without-master — FP16 weights trained without a master copy or a GradScaler · step 0
    where: half_plain_optimizer.py:38
    why:   6 of 6 parameters the optimizer updates are FP16 (`.half()`), with no GradScaler and no FP32 master copy: updates smaller than the weights' rounding step are lost, small gradients flush to zero, and a large one overflows to inf""",
-    "bf16-weights-without-master": """1. bf16-weights-without-master — BF16 weights trained without a master copy · step 0
-   where: bf16_pure_finetune.py:38
-   why:   6 of 6 parameters the optimizer updates are BF16 with no FP32 master copy: in the first 3 step(s), 96.2% of the updates with a non-zero gradient changed nothing (28,465 of 29,595 weights stayed where they were): updates smaller than half a BF16 rounding step (about 1/256 of the weight) are rounded away""",
     "scaler-update-missing": """1. scaler-update-missing — GradScaler stepped again without update() · step 1
    where: scaler_no_update.py:23
    why:   the script raised RuntimeError: unscale_() is being called after step(): the GradScaler stepped (or unscaled) this optimizer again without `scaler.update()` after its previous step""",
     "autograd-function-without-custom-fwd": """1. autograd-function-without-custom-fwd — a custom autograd.Function under autocast without custom_fwd/custom_bwd · step 0
    where: custom_fn_no_custom_fwd.py:26
    why:   the backward of the custom autograd.Function `LinearGELU` raised RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float: its forward ran under autocast (low-precision outputs), its backward runs outside autocast on FP32 saved tensors, and the dtypes meet in one op""",
+    "static-loss-scale": """1. static-loss-scale — a hand-rolled constant loss scale without a GradScaler · step 0
+   where: static_loss_scale.py:30
+   why:   the loss is multiplied by a constant 100000 before `backward()` under FP16 with no GradScaler (a hand-rolled static loss scale), and the backward overflowed: 6 of 6 gradients are inf/NaN; nothing skips such a step, so the optimizer writes inf/NaN into the weights (every later forward is NaN); ...""",
+    "zero-grad-between-backward-and-step": """1. zero-grad-between-backward-and-step — gradients cleared between the backward and the optimizer step · step 0
+   where: zero_grad_after_backward.py:43
+   why:   `zero_grad()` at zero_grad_after_backward.py:43 cleared the gradients the backward had just produced, before the optimizer step: the step sees no gradients (all None), so nothing is learned (and `scaler.step` fails with "No inf checks were recorded")""",
+    "scheduler-every-microbatch": """1. scheduler-every-microbatch — the LR scheduler stepped at every micro-batch under gradient accumulation · step 1
+   where: scheduler_per_microbatch.py:47
+   why:   `scheduler.step()` ran 4 times between two steps of its optimizer, with a backward between the calls: under gradient accumulation the learning-rate schedule advances per micro-batch, 4 times too fast (a schedule planned for the run ends after 1/4 of it)""",
+    "bf16-weights-without-master": """1. bf16-weights-without-master — BF16 weights updated without an FP32 master copy · step 1
+   where: bf16_pure_weights.py:25
+   why:   the optimizer updates BF16 parameters with no FP32 master copy, and on this step 4723 of 4869 weight elements (97%) with a non-zero gradient kept their old value: each update was smaller than half the weight's BF16 rounding step (about 1/256 of the weight) and was rounded away""",
     "script-error": """Traceback (most recent call last):
   File "train.py", line 7, in <module>
     ...

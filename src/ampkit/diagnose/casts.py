@@ -39,6 +39,7 @@ class CastChecks:
         self.inst = inst
         self._decided: dict[tuple[str, str], str | None] = {}
         self._fp32: dict[int, weakref.ref] = {}  # tensors the script cast to FP32 (range mode)
+        self._fp16_made: dict[int, str] = {}  # storage address of an FP16 tensor the script's own line cast -> that line
 
     # ------------------------------------------------------------------ autocast
     def wrap_autocast_init(self, orig):
@@ -50,11 +51,14 @@ class CastChecks:
                 bound = sig.bind(ac, *args, **kwargs)
                 bound.apply_defaults()
                 if inst.mode == "range":
+                    user_enabled = bool(bound.arguments["enabled"])
                     bound.arguments["enabled"] = False
                 elif bound.arguments["enabled"]:
                     checks._check_dtype(bound.arguments["device_type"], bound.arguments["dtype"])
                 args, kwargs = bound.args[1:], bound.kwargs
             orig(ac, *args, **kwargs)
+            if not is_compiling() and not inst._paused and inst.mode == "range":
+                ac._ampkit_user_enabled = user_enabled  # the range run follows the script's own regions
 
         return __init__
 
@@ -109,9 +113,28 @@ class CastChecks:
             if not is_compiling() and not inst._paused and getattr(ac, "_enabled", False):
                 inst._step_dtypes.add((ac.device, ac.fast_dtype))
                 inst.step_dtypes_seen.add((ac.device, ac.fast_dtype))
+            regions = self._regions(ac)
+            if regions is not None:
+                regions.append(ac._ampkit_user_enabled)
             return orig(ac)
 
         return __enter__
+
+    def _regions(self, ac) -> list | None:
+        """Range mode: the stack of the script's autocast regions (on/off as the script asked) the FP32 run follows."""
+        watch = self.inst.watch
+        if self.inst.mode != "range" or watch is None or watch.amp is None or not hasattr(ac, "_ampkit_user_enabled"):
+            return None
+        return watch.amp.enabled
+
+    def wrap_autocast_exit(self, orig):
+        def __exit__(ac, *exc):
+            regions = self._regions(ac)
+            if regions:
+                regions.pop()
+            return orig(ac, *exc)
+
+        return __exit__
 
     # ------------------------------------------------------------------ losses
     def wrap_bce(self, orig):
@@ -162,7 +185,9 @@ class CastChecks:
         def half(t, *args, **kwargs):
             if not is_compiling() and not inst._paused and inst.mode == "diagnose" and t.is_floating_point():
                 checks._half_in_autocast(t, "`.half()`")
-            return orig(t, *args, **kwargs)
+            out = orig(t, *args, **kwargs)
+            checks._note_fp16(out)
+            return out
 
         return half
 
@@ -175,11 +200,32 @@ class CastChecks:
                     and t.is_floating_point()):
                 checks._half_in_autocast(t, "`.to(torch.float16)`", follows_dtype_ok=True)
             out = orig(t, *args, **kwargs)
+            checks._note_fp16(out)
             if inst.mode == "range" and (kwargs.get("dtype") is torch.float32 or any(a is torch.float32 for a in args)):
+                out = checks._range_cast(t, out, torch.float32)
                 checks._note_fp32(out)
             return out
 
         return to
+
+    def _note_fp16(self, out: Any) -> None:
+        """An FP16 tensor made by a cast on the user's own line (``w.data = w.data.half()`` in a helper): a
+        parameter that later holds this storage was made FP16 there."""
+        inst = self.inst
+        if (is_compiling() or inst._paused or inst.mode != "diagnose" or not isinstance(out, torch.Tensor)
+                or out.dtype != torch.float16 or out.device.type == "meta" or torch.is_autocast_enabled(out.device.type)):
+            return
+        frame = inst.user.caller_is_user(2)
+        if frame is not None and len(self._fp16_made) < 4096:
+            self._fp16_made[out.untyped_storage().data_ptr()] = frame_where(frame)
+
+    def fp16_cast_line(self, params: list[torch.Tensor]) -> str | None:
+        """The user's line that cast one of ``params`` (FP16 now) to FP16 by hand, if the run saw it."""
+        for p in params:
+            where = self._fp16_made.get(p.untyped_storage().data_ptr())
+            if where is not None:
+                return where
+        return None
 
     # ------------------------------------------------------------------ explicit FP32 (range mode)
     # The FP32 run of --fp16-range cannot see which values the AMP run computes in FP32: a loss on
@@ -190,10 +236,35 @@ class CastChecks:
         def float_(t, *args, **kwargs):
             out = orig(t, *args, **kwargs)
             if inst.mode == "range" and not is_compiling():
+                out = checks._range_cast(t, out, torch.float32)
                 checks._note_fp32(out)
             return out
 
         return float_
+
+    def wrap_tensor_type_as(self, orig):
+        inst, checks = self.inst, self
+
+        def type_as(t, other, *args, **kwargs):
+            out = orig(t, other, *args, **kwargs)
+            if inst.mode == "range" and not is_compiling() and isinstance(other, torch.Tensor):
+                watch = inst.watch
+                out = checks._range_cast(t, out, watch.amp.of(other) if watch is not None and watch.amp else other.dtype)
+            return out
+
+        return type_as
+
+    def _range_cast(self, t: Any, out: Any, dtype: torch.dtype) -> Any:
+        """Range mode: a cast the FP32 run does not see (``y.float()`` of an FP32 tensor returns ``y``) still gives
+        a value of ``dtype`` in the AMP run. The result becomes an alias of ``t`` (so ``t`` keeps its own AMP dtype)
+        with that dtype noted."""
+        watch = self.inst.watch
+        if watch is None or watch.amp is None or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return out
+        if out is t:
+            out = t.view_as(t)
+        watch.amp.mark(out, dtype)
+        return out
 
     def _note_fp32(self, t: Any) -> None:
         if isinstance(t, torch.Tensor):
@@ -208,6 +279,21 @@ class CastChecks:
             return False
         ins = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
         return any((r := self._fp32.get(id(t))) is not None and r() is t for t in ins)
+
+    def wrap_module_low(self, orig):
+        """``Module.bfloat16()`` / ``Module.to(torch.bfloat16 or torch.float16)``: the line that made a model's
+        weights low precision, for the findings about weights without a master copy."""
+        inst = self.inst
+
+        def cast(module, *args, **kwargs):
+            if not is_compiling() and not inst._paused and inst.mode == "diagnose":
+                dtypes = [a for a in (*args, kwargs.get("dtype")) if isinstance(a, torch.dtype)]
+                if orig.__name__ == "bfloat16" or any(d in (torch.bfloat16, torch.float16) for d in dtypes):
+                    with inst.paused():
+                        inst.loop_checks.note_half(module)
+            return orig(module, *args, **kwargs)
+
+        return cast
 
     def wrap_module_half(self, orig):
         inst, checks = self.inst, self

@@ -3,7 +3,7 @@ registry, :mod:`ampkit.findings`). Plain functions of plain values, so each is t
 
 from __future__ import annotations
 
-__all__ = ["keep_fp32_fix", "scale_text", "clip_fix", "cause_fix"]
+__all__ = ["keep_fp32_fix", "scale_text", "clip_fix", "cause_fix", "not_precision_fix", "half_cast_fix"]
 
 
 def scale_text(scale: float) -> str:
@@ -41,3 +41,19 @@ def cause_fix(cause: str, detail: str) -> str:
         return ("use an eps the low-precision dtype holds (FP16: 1e-5 or more; its smallest positive value is "
                 "6e-08), or compute this op in FP32; ")
     return ""
+
+
+def not_precision_fix() -> str:
+    """A forward inf/NaN that FP32 gives as well: guard the op, not the precision."""
+    return ("guard the op itself, AMP is not the cause: a softmax row whose every key is masked with -inf gives NaN "
+            "(keep at least one visible key per row, or fill with `torch.finfo(scores.dtype).min`); a division, "
+            "sqrt or log needs its argument kept away from 0 (`x.clamp_min(eps)`); check the batch with "
+            "`torch.isfinite(x).all()`")
+
+
+def half_cast_fix(where: str, text: str) -> str:
+    """``fp16-params-with-scaler`` naming the line that made the weights FP16 and what it says there."""
+    quoted = f" (`{text}`)" if text else ""
+    return (f"keep the weights in FP32: remove the cast to FP16 at {where}{quoted}; "
+            "`torch.autocast(device_type, dtype=torch.float16)` casts per op, the optimizer then updates FP32 "
+            "weights and the GradScaler unscales FP32 gradients")

@@ -1,6 +1,11 @@
 """FP16 range analysis: run a few steps in FP32, record per module how large and how small the
 activations and gradients are, and predict what FP16 would do with them.
 
+Only values the AMP run holds in FP16 can overflow it: autocast keeps some ops in FP32 (softmax, norms,
+losses, exp) and type promotion makes others FP32 (an FP16 tensor times an FP32 one). The op watch
+follows autocast's own casting rules through the FP32 run (:mod:`~ampkit.diagnose.amp_dtypes`), and a
+module output or op output that would be FP32 is never named as an FP16 overflow.
+
 FP16's largest finite value is 65504; values below 2^-14 become subnormal (fewer significant bits)
 and values below 2^-24 flush to zero. Gradients are multiplied by the loss scale, so the report
 predicts overflow and underflow at scale 1 and at the recommended initial scale.
@@ -88,11 +93,11 @@ class RangeReport:
 
 
 class _Acc:
-    __slots__ = ("type", "act_max", "in_max", "grad_max", "grad_hist")
+    __slots__ = ("type", "act_max", "act_low", "in_max", "grad_max", "grad_hist")
 
     def __init__(self, type_name: str) -> None:
         self.type = type_name
-        self.act_max = self.in_max = self.grad_max = self.grad_hist = None
+        self.act_max = self.act_low = self.in_max = self.grad_max = self.grad_hist = None
 
 
 def _amax(ts: list[torch.Tensor], dev: torch.device) -> torch.Tensor:
@@ -121,8 +126,11 @@ def _fmax(values) -> float | None:
 class RangeRecorder:
     """Accumulates magnitudes per step and module path on the device; :meth:`report` reads them once."""
 
-    def __init__(self, tracker: ModuleTracker) -> None:
+    def __init__(self, tracker: ModuleTracker, is_low: Callable[[torch.Tensor], bool] | None = None) -> None:
         self.tracker = tracker
+        # whether the AMP run holds a value in FP16 (autocast's rules, :class:`~ampkit.diagnose.amp_dtypes.AmpDtypes`);
+        # None: every output counts
+        self.is_low = is_low
         self._acc: dict[tuple[int, str, str], _Acc] = {}  # (step, kind, name)
         self._ops: dict[tuple[int, str, str], torch.Tensor] = {}  # (step, module, op) -> max |output|
         self.steps = 0
@@ -161,6 +169,9 @@ class RangeRecorder:
         acc = self._get("module", self.tracker.name(module), type(module).__name__)
         with torch.no_grad():
             acc.act_max = _mx(acc.act_max, _amax(outs, dev))
+            low = [t for t in outs if self.is_low is None or self.is_low(t)]
+            if low:  # an output autocast keeps in FP32 (a norm, a softmax, a promoted sum) cannot overflow FP16
+                acc.act_low = _mx(acc.act_low, _amax(low, dev))
             ins = tensor_leaves((args, kwargs))
             if ins:
                 acc.in_max = _mx(acc.in_max, _amax(ins, dev))
@@ -203,7 +214,7 @@ class RangeRecorder:
         for (step, kind, name), a in self._acc.items():
             order.setdefault((kind, name), a.type)
             hist = None if a.grad_hist is None else a.grad_hist.cpu().tolist()
-            per_step.setdefault(step, {})[(kind, name)] = (f(a.act_max), f(a.in_max), f(a.grad_max), hist)
+            per_step.setdefault(step, {})[(kind, name)] = (f(a.act_max), f(a.in_max), f(a.grad_max), hist, f(a.act_low))
         # Where an overflow starts: in the first step that has one. Later steps of the FP32 run may have
         # diverged because of it (an FP16 run with a scaler would have skipped those updates), so the
         # statistics below use the steps up to that one.
@@ -217,7 +228,7 @@ class RangeRecorder:
             per_step.setdefault(step, {})
         for step in sorted(per_step):
             origins = [name for (kind, name), v in per_step[step].items()
-                       if kind == "module" and v[0] is not None and v[0] > FP16_MAX
+                       if kind == "module" and v[4] is not None and v[4] > FP16_MAX
                        and (v[1] is None or v[1] <= FP16_MAX) and self._counted(name)]
             # An op inside a module overflows although the module's input fits FP16 (absorbed or not).
             for module, op, m in ops.get(step, []):
@@ -235,7 +246,8 @@ class RangeRecorder:
             vals = [per_step[k][key] for k in used if key in per_step[k]]
             hists = [v[3] for v in vals if v[3] is not None]
             hist = [sum(col) for col in zip(*hists)] if hists else None
-            merged[key] = (_fmax([v[0] for v in vals]), _fmax([v[1] for v in vals]), _fmax([v[2] for v in vals]), hist)
+            merged[key] = (_fmax([v[0] for v in vals]), _fmax([v[1] for v in vals]), _fmax([v[2] for v in vals]), hist,
+                           _fmax([v[4] for v in vals]))
         gmax = max((v[2] for v in merged.values() if v[2] is not None and math.isfinite(v[2])), default=0.0)
         scale = recommended_scale(gmax)
         scale_exp = round(math.log2(scale))
@@ -243,13 +255,13 @@ class RangeRecorder:
         for (kind, name), type_name in order.items():
             if (kind, name) not in merged or all(v is None for v in merged[(kind, name)]):
                 continue
-            act, inp, g, h = merged[(kind, name)]
+            act, inp, g, h, act_low = merged[(kind, name)]
             rows.append(ModuleRange(
                 name=name, kind=kind, type=type_name, act_max=act, input_max=inp, grad_max=g,
                 grad_zero_share_fp16=_share(h, FP16_MIN_SUBNORMAL_EXP - 1, 0),
                 grad_subnormal_share_fp16=_share(h, FP16_MIN_NORMAL_EXP - 1, 0),
                 grad_zero_share_scaled=_share(h, FP16_MIN_SUBNORMAL_EXP - 1, scale_exp),
-                overflow_forward=act is not None and act > FP16_MAX,
+                overflow_forward=act_low is not None and act_low > FP16_MAX,
                 overflow_backward_scaled=g is not None and g * scale > FP16_MAX,
             ))
         overflow = tuple(r.name for r in rows if r.overflow_forward and self._counted(r.name))
@@ -308,9 +320,9 @@ def fp16_range_report(model: torch.nn.Module, batches: Iterable[Any],
     """
     tracker = ModuleTracker(UserCode("/nonexistent-ampkit"))
     tracker.add_root(model, name)
-    rec = RangeRecorder(tracker)
     busy = [0]  # our own ops inside the hooks are not the model's
     watch = OpWatch("range", tracker.name, lambda: busy[0] > 0)
+    rec = RangeRecorder(tracker, watch.amp.is_low)
 
     def pre(m, a):
         watch.push(m)

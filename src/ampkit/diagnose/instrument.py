@@ -7,6 +7,8 @@ files are never edited. It installs:
 * global module forward pre-hooks and forward hooks (module paths, the non-finite locator, or the
   FP16 range recorder), and tensor gradient hooks registered from them;
 * a global optimizer step pre-hook and a wrapper around ``torch.optim.Optimizer.__init__``;
+* wrappers around ``Tensor.backward``, ``zero_grad`` and ``LRScheduler.step`` (the order of the loop's calls,
+  :mod:`~ampkit.diagnose.order_checks`);
 * wrappers around ``torch.amp.GradScaler`` (``__init__``, ``scale``, ``unscale_``, ``step``,
   ``update``), ``clip_grad_norm_`` / ``clip_grad_value_``, ``torch.save``, ``torch.autocast``
   (construction and entry), ``Tensor.half`` / ``Tensor.to`` / ``Module.half``, and the host reads
@@ -39,9 +41,11 @@ from ampkit.diagnose.fp16range import RangeRecorder, recommended_scale
 from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
 from ampkit.diagnose.loop_checks import LoopChecks
 from ampkit.diagnose.nonfinite import NonFiniteLocator
+from ampkit.diagnose.master_checks import MasterChecks
 from ampkit.diagnose.opwatch import OpWatch
-from ampkit.diagnose.bf16_weights import Bf16WeightChecks
+from ampkit.diagnose.order_checks import OrderChecks
 from ampkit.diagnose.scaler_checks import ScalerChecks, optimizer_params
+from ampkit.diagnose.source import line_text
 from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import ModuleTracker, UserCode, is_ampkit_file
 
@@ -63,6 +67,9 @@ class Instrumentation:
         self.locator = NonFiniteLocator(self.tracker, self.paused)
         self.recorder = RangeRecorder(self.tracker) if mode == "range" else None
         self.watch: OpWatch | None = OpWatch(mode, self.tracker.name, lambda: self._paused > 0) if watch_ops else None
+        if self.recorder is not None and self.watch is not None:
+            self.recorder.is_low = self.watch.amp.is_low
+            self.watch.amp.quiet = self.paused  # its own autocast must not be forced off like the script's
         self.step = 0
         self.devices_seen: set[str] = set()
         self._findings: dict[tuple, Finding] = {}
@@ -77,7 +84,8 @@ class Instrumentation:
         self.cast_checks = CastChecks(self)
         self.host_reads = HostReads(self)
         self.loop_checks = LoopChecks(self)
-        self.bf16_checks = Bf16WeightChecks(self)
+        self.order_checks = OrderChecks(self)
+        self.master_checks = MasterChecks(self)
 
     # ------------------------------------------------------------------ results
     @property
@@ -87,6 +95,13 @@ class Instrumentation:
     def add(self, finding: Finding, key: tuple | None = None) -> None:
         """Keep the first finding per key (default: code and where)."""
         self._findings.setdefault(key or (finding.code, finding.where), finding)
+
+    def source_line(self, where: str | None) -> str:
+        """The text of the user's line at ``where`` (``file:line`` as findings name it); '' when unreadable."""
+        if not where or ":" not in where:
+            return ""
+        path, _, line = where.rpartition(":")
+        return line_text(path, int(line)) if line.isdigit() else ""
 
     def has(self, code: str) -> bool:
         return any(f.code == code for f in self._findings.values())
@@ -129,17 +144,9 @@ class Instrumentation:
         mm = torch.nn.modules.module
         for handle in (mm.register_module_forward_pre_hook(self._pre_hook),
                        mm.register_module_forward_hook(self._fwd_hook, with_kwargs=True, always_call=True),
-                       optim_mod.register_optimizer_step_pre_hook(self._opt_pre_hook)):
+                       optim_mod.register_optimizer_step_pre_hook(self._opt_pre_hook),
+                       optim_mod.register_optimizer_step_post_hook(self._opt_post_hook)):
             self._undo.append(handle.remove)
-        if self.mode == "diagnose":  # BF16 weights with no master copy: measured around the optimizer's steps
-            bf16 = self.bf16_checks
-            for handle in (optim_mod.register_optimizer_step_pre_hook(
-                               lambda opt, a, k: None if self._paused else bf16.before_step(opt)),
-                           optim_mod.register_optimizer_step_post_hook(
-                               lambda opt, a, k: None if self._paused else bf16.after_step(opt))):
-                self._undo.append(handle.remove)
-            self._patch(torch.nn.Module, "to", bf16.wrap_module_to)
-            self._patch(torch.nn.Module, "bfloat16", bf16.wrap_module_bfloat16)
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_opt_init)
         scaler, casts = self.scaler_checks, self.cast_checks
         gs = torch.amp.GradScaler
@@ -158,16 +165,23 @@ class Instrumentation:
         ac = torch.amp.autocast_mode.autocast
         self._patch(ac, "__init__", casts.wrap_autocast_init)
         self._patch(ac, "__enter__", casts.wrap_autocast_enter)
+        if self.mode == "range":
+            self._patch(ac, "__exit__", casts.wrap_autocast_exit)
         self._patch(torch.Tensor, "half", casts.wrap_tensor_half)
         self._patch(torch.Tensor, "to", casts.wrap_tensor_to)
         if self.mode == "range":
             self._patch(torch.Tensor, "float", casts.wrap_tensor_float)
+            self._patch(torch.Tensor, "type_as", casts.wrap_tensor_type_as)
         self._patch(torch.nn.Module, "half", casts.wrap_module_half)
+        for name in ("bfloat16", "to"):
+            self._patch(torch.nn.Module, name, casts.wrap_module_low)
         self._patch(torch.nn.functional, "binary_cross_entropy", casts.wrap_bce)
         loop = self.loop_checks
         for owner in (torch.optim.Optimizer, torch.nn.Module):
             self._patch(owner, "zero_grad", loop.wrap_zero_grad)
         self._patch(torch.autograd, "grad", loop.wrap_autograd_grad)
+        self._patch(torch.Tensor, "backward", self.order_checks.wrap_backward)
+        self._patch(torch.optim.lr_scheduler.LRScheduler, "step", self.order_checks.wrap_scheduler_step)
         for name in SYNC_NAMES:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
         self._patch(warnings, "warn", self._wrap_warn)
@@ -306,6 +320,13 @@ class Instrumentation:
 
         return __init__
 
+    def _opt_post_hook(self, optimizer, args, kwargs):
+        if self._paused or self.mode != "diagnose":
+            return None
+        with self.paused():
+            self.master_checks.after_step(optimizer)
+        return None
+
     def _opt_pre_hook(self, optimizer, args, kwargs):
         if self._paused or self._in_scaler_step:
             return None
@@ -323,10 +344,13 @@ class Instrumentation:
                 self.recorder.record_ops(self.watch.take_maxima() if self.watch is not None else {})
                 self.recorder.record_params(optimizer_params(optimizer))
             else:
+                self.order_checks.before_step(optimizer)
+                self.master_checks.before_step(optimizer)
                 if not self._scaled_this_step:
                     self.loop_checks.check_fp16_weights(optimizer)
                 self._flush()
-                if not self._scaled_this_step and any(d == torch.float16 for _, d in self._step_dtypes):
+                if (not self._scaled_this_step and any(d == torch.float16 for _, d in self._step_dtypes)
+                        and not self.has("static-loss-scale")):
                     self.scaler_checks.check_underflow(optimizer)
             self._step_dtypes.clear()
             self._scaled_this_step = False
@@ -349,7 +373,6 @@ class Instrumentation:
                     list(self._findings.values()), scale))}
         self.host_reads.finish()
         self.scaler_checks.finish()
-        self.bf16_checks.finish()
 
 
 def _is_compiled(module) -> bool:

@@ -63,8 +63,10 @@ class LoopChecks:
 
         def zero_grad(obj, *args, **kwargs):
             if checks._active():
-                params = obj.parameters() if isinstance(obj, torch.nn.Module) else _params(obj)
+                params = list(obj.parameters()) if isinstance(obj, torch.nn.Module) else _params(obj)
                 checks._zeroed.update(id(p) for p in params)
+                with checks.inst.paused():
+                    checks.inst.order_checks.note_zero_grad(params)
             return orig(obj, *args, **kwargs)
 
         return zero_grad
@@ -194,15 +196,21 @@ class LoopChecks:
         if f is not None:
             self._half.append((weakref.ref(module), frame_where(f)))
 
+    def half_line(self, params: list[torch.Tensor]) -> str | None:
+        """The user's line that made ``params`` FP16: ``model.half()`` on a module holding one of them, or a cast
+        of a tensor whose storage one of them holds (``w.data = w.data.half()``); None when the run saw neither."""
+        ids = {id(p) for p in params}
+        where = next((w for ref, w in self._half if ref() is not None and any(id(p) in ids for p in ref().parameters())),
+                     None)
+        return where or self.inst.cast_checks.fp16_cast_line(params)
+
     def check_fp16_weights(self, optimizer) -> None:
         """At an optimizer step with no enabled GradScaler: FP16 parameters are the only copy of the weights."""
         inst = self.inst
         half = [p for p in _params(optimizer) if p.dtype == torch.float16]
         if not half or inst.has("fp16-weights-without-master"):
             return
-        ids = {id(p) for p in half}
-        where = next((w for ref, w in self._half if ref() is not None and any(id(p) in ids for p in ref().parameters())),
-                     inst.user.where(2))
+        where = self.half_line(half) or inst.user.where(2)
         inst.add(Finding(
             code="fp16-weights-without-master",
             message=f"{len(half)} of {len(_params(optimizer))} parameters the optimizer updates are FP16 (`.half()`), with "

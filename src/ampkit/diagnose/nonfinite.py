@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
-from ampkit.diagnose.fixes import cause_fix, keep_fp32_fix
+from ampkit.diagnose.fixes import cause_fix, keep_fp32_fix, not_precision_fix
 from ampkit.diagnose.oplocate import OpHit, first_nonfinite_backward, first_nonfinite_op
 from ampkit.diagnose.opwatch import OpFlag
 from ampkit.diagnose.tracking import ModuleTracker, tensor_leaves
@@ -47,6 +47,7 @@ class _Call:
     where: str
     step: int
     grads_out: list[torch.Tensor] = field(default_factory=list)
+    root: bool = False  # a top-level module: its output is what the loss is made from
 
 
 @dataclass
@@ -71,6 +72,8 @@ class NonFiniteLocator:
         self.absorbed = False  # an overflow-absorbed finding was made (reported once per run)
         self._last_grad: torch.Tensor | None = None
         self._last_ok: torch.Tensor | None = None
+        # (id(module), op) whose inf/NaN a re-run measured in FP32 as well (a mask of -inf): not re-run again
+        self.same_in_fp32: set[tuple[int | None, str]] = set()
 
     # ------------------------------------------------------------------ recording
     def before_root(self, module: torch.nn.Module) -> bool:
@@ -89,7 +92,7 @@ class NonFiniteLocator:
         ins = tensor_leaves((args, kwargs))
         dev = outs[0].device
         ac = (dev.type, torch.is_autocast_enabled(dev.type), torch.get_autocast_dtype(dev.type))
-        call = _Call(module, args, kwargs, outs, ac, where, step)
+        call = _Call(module, args, kwargs, outs, ac, where, step, root=self.tracker.depth == 0)
         self.calls.append(call)
         if torch.is_grad_enabled():
             for t in outs:
@@ -109,6 +112,12 @@ class NonFiniteLocator:
         self.events.append(_GradEvent(call, kind, self._last_ok))
         if kind == "out":
             call.grads_out.append(grad)
+
+    def explained(self) -> None:
+        """Another finding explains this step's inf/NaN (a static loss scale): what follows is its consequence."""
+        self.calls.clear()
+        self.events.clear()
+        self.done = True
 
     def reset(self) -> None:
         self.calls.clear()
@@ -138,7 +147,8 @@ class NonFiniteLocator:
                 pos += len(c.outs)
             ops_ok = ok[pos:]
             bad = next((i for i, good in enumerate(outs_ok) if not good), None)
-            op_bad = next((i for i, good in enumerate(ops_ok) if not good and op_flags[i].frame.call is not None), None)
+            op_bad = next((i for i, good in enumerate(ops_ok) if not good and op_flags[i].frame.call is not None
+                           and (id(op_flags[i].frame.module), op_flags[i].op) not in self.same_in_fp32), None)
             if bad is not None:
                 call = calls[bad]
                 inputs_ok = _inputs_finite(call)
@@ -148,12 +158,19 @@ class NonFiniteLocator:
                     origin = op_flags[op_bad].frame.call
                     if any(c is origin for c in calls) and _inputs_finite(origin):
                         call, inputs_ok = origin, True
-                findings.append(self._forward_finding(call, inputs_ok))
-                self.done = True
-                return findings
+                # A module may hand on inf/NaN by design (masked scores); it breaks training only when a
+                # top-level output (what the loss is made from) is inf/NaN.
+                breaks = any(c.root and not good for c, good in zip(calls, outs_ok))
+                found = self._forward_finding(call, inputs_ok, breaks)
+                if found is not None:
+                    findings.append(found)
+                    self.done = True
+                    return findings
             if op_bad is not None and not self.absorbed:
-                findings.append(self._absorbed_finding(op_flags[op_bad]))
-                self.absorbed = True
+                found = self._absorbed_finding(op_flags[op_bad])
+                if found is not None:
+                    findings.append(found)
+                    self.absorbed = True
         if events and (report_backward or loss_scale):
             oks = _read([e.ok for e in events])
             bad = next((i for i, ok in enumerate(oks) if not ok), None)
@@ -181,10 +198,14 @@ class NonFiniteLocator:
     def _called(call: _Call, hit: OpHit | None) -> str:
         return f" (the module was called at {call.where})" if hit is not None and hit.where else ""
 
-    def _forward_finding(self, call: _Call, inputs_finite: bool) -> Finding:
+    def _forward_finding(self, call: _Call, inputs_finite: bool, breaks: bool = True) -> Finding | None:
+        """The finding for a module output that holds inf/NaN: an AMP finding when a re-run measured that
+        precision made it (FP32 gives finite values there); else, when it reaches a top-level output
+        (``breaks``), a note that it is not a precision problem; else None (inf/NaN by design, e.g. a mask)."""
         who = self.tracker.describe(call.module)
-        name = self.tracker.name(call.module)
         if not inputs_finite:
+            if not breaks:
+                return None
             return Finding(
                 code="nonfinite-forward",
                 message=f"the input of {who} was already inf/NaN when it was called: the non-finite value "
@@ -193,6 +214,8 @@ class NonFiniteLocator:
                 "forward, and the functional code between modules; " + fix_for("nonfinite-forward"),
                 step=call.step)
         hit = self._rerun(call, backward=False)
+        if hit is not None and not hit.precision:
+            return self._not_precision(call, hit) if breaks else None
         dt, enabled, dtype = call.autocast
         region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
         detail = f" at {hit.describe()}" if hit else ""
@@ -209,10 +232,26 @@ class NonFiniteLocator:
         return Finding(code="nonfinite-forward", message=message, where=where,
                        fix=first + _keep_fp32(self, call, module=module), step=call.step)
 
-    def _absorbed_finding(self, flag: OpFlag) -> Finding:
+    def _not_precision(self, call: _Call, hit: OpHit) -> Finding:
+        """A forward inf/NaN that reaches the loss although FP32 gives it too: named, not blamed on AMP."""
+        return Finding(
+            code="nonfinite-forward",
+            message=f"the output of {self.tracker.describe(call.module)} became inf/NaN at `{hit.op}` ({hit.out_dtype}); "
+                    "measured: the same op on the same inputs gives inf/NaN in FP32 too, so precision did not cause "
+                    f"it and turning AMP off will not fix it{self._called(call, hit)}",
+            where=self._where(call, hit), fix=not_precision_fix(), step=call.step)
+
+    def _absorbed_finding(self, flag: OpFlag) -> Finding | None:
+        """``overflow-absorbed`` when a re-run measures that precision made the op's inf/NaN; None when FP32
+        gives the same (a mask of -inf that softmax turns into 0), and that op is not re-run again."""
         call = flag.frame.call
         who = self.tracker.describe(call.module)
-        hit = self._rerun(call, backward=False)
+        seen: set = set()
+        hit = self._rerun(call, backward=False, same_in_fp32=seen)
+        if hit is None or not hit.precision:
+            self.same_in_fp32 |= seen
+            self.same_in_fp32.add((id(flag.frame.module), flag.op))
+            return None
         dt, enabled, dtype = call.autocast
         region = f" under {dt} autocast to {str(dtype).replace('torch.', '')}" if enabled else ""
         op = hit.describe() if hit else f"`{flag.op}` ({str(flag.dtype).replace('torch.', '')})"
@@ -267,7 +306,8 @@ class NonFiniteLocator:
                 else f for f in findings]
 
     # ------------------------------------------------------------------ re-running one module
-    def _rerun(self, call: _Call, *, backward: bool, grad_scale: float = 1.0) -> OpHit | None:
+    def _rerun(self, call: _Call, *, backward: bool, grad_scale: float = 1.0,
+               same_in_fp32: set | None = None) -> OpHit | None:
         """Run the module again on its saved inputs (same autocast state) and find the first bad op."""
         module = getattr(call.module, "_orig_mod", call.module)  # a compiled model re-runs eagerly
         dev_type, enabled, dtype = call.autocast
@@ -278,7 +318,8 @@ class NonFiniteLocator:
                 args, kwargs = _detach((call.args, call.kwargs), requires_grad=backward)
                 if not backward:
                     with torch.no_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):
-                        return first_nonfinite_op(lambda: module(*args, **kwargs), self.tracker.user)
+                        return first_nonfinite_op(lambda: module(*args, **kwargs), self.tracker.user,
+                                                  same_in_fp32=same_in_fp32)
 
                 def forward():
                     with torch.enable_grad(), torch.autocast(dev_type, dtype=dtype, enabled=enabled):

@@ -3,12 +3,17 @@
 Used by the non-finite locator when it re-runs one module (:mod:`~ampkit.diagnose.nonfinite`):
 
 * forward: :func:`first_nonfinite_op` runs the module inside a
-  :class:`~torch.utils._python_dispatch.TorchDispatchMode` and stops at the first op whose output is
+  :class:`~torch.utils._python_dispatch.TorchDispatchMode` and stops at the first op that precision made
   inf/NaN; the Python stack at that dispatch holds the user's line that called the op;
 * backward: :func:`first_nonfinite_backward` re-runs the forward with autograd's anomaly recording
   (each autograd node keeps the stack that created it), hooks every node of the graph and runs the
   backward: the first node that turns finite gradients into inf/NaN names the forward line that
   created it.
+
+Precision is measured, not guessed: each op whose FP16/BF16 output holds inf/NaN is recomputed in FP32 on
+the same inputs (:func:`fp32_reference`); only an element that FP32 gives finite is precision's doing
+(:func:`precision_made`). Values that are inf/NaN by design (a mask filled with -inf, an additive mask,
+-inf padding) and their propagation are the same in FP32, so they are never overflows.
 
 Each hit is classified (:func:`classify`): an overflow (finite inputs, a result beyond the dtype's
 largest value, or a constant that does not fit it), an underflow (a divisor that is 0 in the low
@@ -29,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampkit.diagnose.tracking import UserCode, frame_where, short_path, tensor_leaves
 
-__all__ = ["OpHit", "first_nonfinite_op", "first_nonfinite_backward", "classify", "OVERFLOW", "UNDERFLOW",
+__all__ = ["OpHit", "first_nonfinite_op", "first_nonfinite_backward", "classify", "fp32_reference", "precision_made", "OVERFLOW", "UNDERFLOW",
            "CANCELLATION", "NONFINITE_INPUTS", "DIVISION_BY_ZERO"]
 
 OVERFLOW, UNDERFLOW, CANCELLATION, NONFINITE_INPUTS = "overflow", "underflow", "cancellation", "non-finite inputs"
@@ -54,6 +59,7 @@ class OpHit:
     where: str | None = None
     cause: str = ""
     detail: str = ""
+    precision: bool = False  # measured: the same op on the same inputs in FP32 is finite where this one is not
 
     def describe(self) -> str:
         mags = ", ".join(_fmt(m) for m in self.input_max) or "no tensor inputs"
@@ -108,29 +114,53 @@ class _Tiny:
     where: str | None
 
 
-def classify(func, args, kwargs, out: torch.Tensor, tiny: _Tiny | None = None) -> tuple[str, str]:
-    """``(cause, detail)`` for an op whose output ``out`` is inf/NaN (see the module docstring)."""
+def fp32_reference(func, args, kwargs) -> list[torch.Tensor] | None:
+    """The op's outputs recomputed in FP32 on the same inputs (upcast), or None when it cannot run so."""
+    try:
+        ref = func(*_fp32(args), **_fp32(kwargs or {}))
+    except Exception:  # noqa: BLE001 - an op that cannot run in FP32 here: no reference
+        return None
+    return tensor_leaves(ref)
+
+
+def precision_made(outs: list[torch.Tensor], refs: list[torch.Tensor] | None) -> bool:
+    """Measured: some element is inf/NaN in the low-precision output and finite in the FP32 recompute.
+    An element that is inf/NaN in both (a mask of -inf, its propagation, 0/0) is no precision defect."""
+    if not refs or len(refs) != len(outs):
+        return False
+    for out, ref in zip(outs, refs):
+        if out.dtype not in (torch.float16, torch.bfloat16) or out.shape != ref.shape:
+            continue
+        if bool((~torch.isfinite(out) & torch.isfinite(ref)).any()):
+            return True
+    return False
+
+
+def classify(func, args, kwargs, out: torch.Tensor, tiny: _Tiny | None = None,
+             refs: list[torch.Tensor] | None = None) -> tuple[str, str]:
+    """``(cause, detail)`` for an op whose output ``out`` is inf/NaN (see the module docstring); ``refs``:
+    the op recomputed in FP32 (:func:`fp32_reference`), computed here when not given."""
     name, dtype = _op_name(func), out.dtype
     dn = _dtype_name(dtype)
     ins = tensor_leaves((args, kwargs or {}))
-    if not all(bool(torch.isfinite(t).all()) for t in ins):
-        return NONFINITE_INPUTS, "its inputs were already inf/NaN: the value went bad before this op"
+    if refs is None:
+        refs = fp32_reference(func, args, kwargs)
     fmax = torch.finfo(dtype).max
     big = [s for s in _scalars(args, kwargs) if abs(s) > fmax]
     if big:
         return OVERFLOW, (f"the constant {big[0]:g} does not fit {dn} (largest finite value {fmax:g}): it becomes "
                           f"{'-' if big[0] < 0 else ''}inf")
-    try:
-        ref = func(*_fp32(args), **_fp32(kwargs or {}))
-    except Exception:  # noqa: BLE001 - an op that cannot run in FP32 here: no reference
-        ref = None
-    refs = tensor_leaves(ref) if ref is not None else []
-    if refs and all(bool(torch.isfinite(r).all()) for r in refs):
-        peak = max(float(r.abs().max()) for r in refs if r.numel())
+    if refs and precision_made([out], refs[:1]):
+        ref = refs[0]
+        lost = ~torch.isfinite(out) & torch.isfinite(ref)
+        peak = float(ref[lost].abs().max()) if bool(lost.any()) else 0.0
         if peak > fmax:
             return OVERFLOW, (f"in FP32 the result reaches {peak:.3g}, beyond {dn}'s largest finite value "
                               f"{fmax:g}")
-        return "", f"in FP32 the same op gives finite values (max |x| {peak:.3g})"
+        if not all(bool(torch.isfinite(t).all()) for t in ins):
+            return "", f"in FP32 the same op on the same inputs gives finite values there (max |x| {peak:.3g})"
+    elif not all(bool(torch.isfinite(t).all()) for t in ins):
+        return NONFINITE_INPUTS, "its inputs were already inf/NaN: the value went bad before this op"
     if name in _ROOTS and any(bool((t < 0).any()) for t in ins if t.is_floating_point()):
         low = min(float(t.min()) for t in ins if t.is_floating_point() and t.numel())
         return CANCELLATION, (f"the root/log of a negative value (min {low:.3g}): a difference of nearly equal "
@@ -144,7 +174,9 @@ def classify(func, args, kwargs, out: torch.Tensor, tiny: _Tiny | None = None) -
         return UNDERFLOW, (f"the constant {tiny.value:g}{at} (`{tiny.op}`) rounds to 0 in {_dtype_name(tiny.dtype)} "
                            f"(smallest positive value {_smallest(tiny.dtype):.3g}), so it no longer keeps the "
                            f"divisor above 0: {text}")
-    return "", "the op gives inf/NaN in FP32 too, on these inputs"
+    if refs and precision_made([out], refs[:1]):
+        return "", "in FP32 the same op on the same inputs gives finite values"
+    return "", "the op gives inf/NaN in FP32 too, on these inputs: not a precision problem"
 
 
 class _FirstNonFinite(TorchDispatchMode):
@@ -153,7 +185,9 @@ class _FirstNonFinite(TorchDispatchMode):
         self.user = user
         self.stop = stop  # the frame that started the re-run: user frames outside it are not the op's
         self.hit: OpHit | None = None
+        self.structural: OpHit | None = None  # finite inputs, inf/NaN in FP32 too (a mask, a singular point)
         self.fallback: OpHit | None = None
+        self.same_in_fp32: set[tuple[int | None, str]] = set()  # (id(module), op) whose inf/NaN FP32 shares
         self.tiny: _Tiny | None = None
         self.stack: list[torch.nn.Module] = []  # modules running (filled by first_nonfinite_op's hooks)
 
@@ -177,23 +211,48 @@ class _FirstNonFinite(TorchDispatchMode):
             if small:
                 self.tiny = _Tiny(small[0], _op_name(func), outs[0].dtype, self._where())
         if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
-            ins = tensor_leaves((args, kwargs or {}))
-            finite = all(bool(torch.isfinite(t).all()) for t in ins)
-            mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
-            cause, detail = classify(func, args, kwargs, outs[0], self.tiny) if finite else (NONFINITE_INPUTS, "")
-            hit = OpHit(_op_name(func), _dtype_name(outs[0].dtype), mags[:4], finite,
-                        self.stack[-1] if self.stack else None, self._where(), cause, detail)
-            if finite:
-                self.hit = hit
-            elif self.fallback is None:
-                self.fallback = hit
+            self._note(func, args, kwargs, outs)
         return out
 
+    def _note(self, func, args, kwargs, outs: list[torch.Tensor]) -> None:
+        """An op whose output holds inf/NaN: a precision hit when FP32 measures it finite there (or a constant
+        does not fit the dtype), else a structural one (finite inputs: a mask, a singular point), else it
+        only carries an earlier inf/NaN along."""
+        ins = tensor_leaves((args, kwargs or {}))
+        finite = all(bool(torch.isfinite(t).all()) for t in ins)
+        low = any(t.dtype in (torch.float16, torch.bfloat16) for t in outs)
+        refs = fp32_reference(func, args, kwargs) if low else None
+        fmax = torch.finfo(outs[0].dtype).max
+        precision = precision_made(outs, refs) or (low and finite and any(abs(v) > fmax for v in _scalars(args, kwargs)))
+        if not (precision or finite) and self.fallback is not None:
+            self.same_in_fp32.add((id(self.stack[-1]) if self.stack else None, _op_name(func)))
+            return
+        mags = tuple(float(t.detach().abs().max().float()) if t.numel() else 0.0 for t in ins)
+        cause, detail = (classify(func, args, kwargs, outs[0], self.tiny, refs) if finite or precision
+                         else (NONFINITE_INPUTS, ""))
+        # A divisor that is 0 only because a constant (an eps) rounded to 0 in FP16/BF16: precision's doing too,
+        # measured on the constant (it is 0 in the low dtype and not in FP32), though the division itself is 0/0.
+        precision = precision or cause == UNDERFLOW
+        if not precision:
+            self.same_in_fp32.add((id(self.stack[-1]) if self.stack else None, _op_name(func)))
+        hit = OpHit(_op_name(func), _dtype_name(outs[0].dtype), mags[:4], finite,
+                    self.stack[-1] if self.stack else None, self._where(), cause, detail, precision)
+        if precision:
+            self.hit = hit
+        elif finite:
+            if self.structural is None:
+                self.structural = hit
+        elif self.fallback is None:
+            self.fallback = hit
 
-def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None, tiny: _Tiny | None = None) -> OpHit | None:
-    """Run ``fn`` and return the first aten op whose output is inf/NaN while its inputs are finite
-    (else the first inf/NaN op at all), with the innermost module that ran it and, given ``user``,
-    the user's line that called it."""
+
+def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None, tiny: _Tiny | None = None,
+                       same_in_fp32: set | None = None) -> OpHit | None:
+    """Run ``fn`` and return the first aten op that precision made inf/NaN (measured: the op recomputed in
+    FP32 on the same inputs is finite there), else the first whose output is inf/NaN while its inputs are
+    finite (inf/NaN in FP32 too: a mask of -inf, a singular point), else the first inf/NaN op at all;
+    with the innermost module that ran it and, given ``user``, the user's line that called it.
+    ``same_in_fp32`` collects ``(id(module), op)`` of every op whose inf/NaN FP32 gives as well."""
     mode = _FirstNonFinite(user, sys._getframe())
     mode.tiny = tiny  # a constant the forward rounded to 0 explains a division by 0 in the backward
 
@@ -212,7 +271,9 @@ def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None, tiny
     finally:
         for h in handles:
             h.remove()
-    return mode.hit or mode.fallback
+    if same_in_fp32 is not None:
+        same_in_fp32.update(mode.same_in_fp32)
+    return mode.hit or mode.structural or mode.fallback
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -277,4 +338,5 @@ def first_nonfinite_backward(forward: Callable[[], Any], inputs: list[torch.Tens
     if hit is None:
         return OpHit(fwd, "", (), True, where=where, detail=f"the backward of `{fwd}` ({node.name()}) gave inf/NaN")
     detail = (hit.detail or "on finite gradients") + f" (in the backward of `{fwd}`, {node.name()})"
-    return OpHit(hit.op, hit.out_dtype, hit.input_max, hit.inputs_finite, None, where or hit.where, hit.cause, detail)
+    return OpHit(hit.op, hit.out_dtype, hit.input_max, hit.inputs_finite, None, where or hit.where, hit.cause, detail,
+                 hit.precision)

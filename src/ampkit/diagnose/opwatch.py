@@ -12,7 +12,9 @@ attributes each op to the innermost module running (:class:`Frame`).
   (:meth:`OpWatch.take_flags`), which checks them with the module outputs in a few fused
   ``_foreach_norm`` kernels and one transfer: no kernel and no host read per op.
 * ``range`` mode (the FP32 run of ``--fp16-range``): per (module, op) the largest magnitude of the
-  op's output, kept on the device; :meth:`OpWatch.take_maxima` hands them to the range recorder.
+  op's output, kept on the device, for the ops whose output the AMP run holds in FP16 (autocast's own
+  casting rules, followed by :class:`~ampkit.diagnose.amp_dtypes.AmpDtypes`); :meth:`OpWatch.take_maxima`
+  hands them to the range recorder.
 
 View and alias ops (``t``, ``view``, ``detach``) are skipped: they cannot create a new value.
 """
@@ -23,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampkit.diagnose.amp_dtypes import AmpDtypes
 
 __all__ = ["OpWatch", "Frame", "OpFlag"]
 
@@ -65,6 +69,7 @@ class OpWatch(TorchDispatchMode):
         self.active = False
         self._flags: list[OpFlag] = []
         self._maxima: dict[tuple[str, str], torch.Tensor] = {}
+        self.amp = AmpDtypes() if mode == "range" else None  # range: the dtype each value has in the FP16 run
 
     # ------------------------------------------------------------------ frames
     def push(self, module: torch.nn.Module) -> Frame:
@@ -78,7 +83,11 @@ class OpWatch(TorchDispatchMode):
     # ------------------------------------------------------------------ the mode
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not self.stack or func.is_view or self.paused():
+        if not self.stack or self.paused():
+            return out
+        if self.amp is not None:
+            self.amp.note(func, args, kwargs, out)
+        if func.is_view:
             return out
         frame = self.stack[-1]
         if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
@@ -99,6 +108,8 @@ class OpWatch(TorchDispatchMode):
             if t.dtype in _LOW:
                 self._flags.append(OpFlag(t.detach(), name, t.dtype, frame))
             return
+        if self.amp is not None and not self.amp.is_low(t):
+            return  # FP32 in the AMP run too (autocast keeps the op in FP32, or promotes it): no FP16 range
         key = (self.name(frame.module), name)
         m = t.detach().abs().amax().float()
         prev = self._maxima.get(key)

@@ -196,6 +196,8 @@ def _map_exception(exc: BaseException, inst: Instrumentation, device: str | None
         return Finding(code="bce-under-autocast", message=f"the script raised {line}: CUDA and MUSA autocast refuse "
                        "`binary_cross_entropy` / `nn.BCELoss` as unsafe (a sigmoid in low precision saturates to 0 "
                        "or 1 and the log gives inf)", where=where, fix=fix_for("bce-under-autocast"), step=inst.step)
+    if "no inf checks were recorded" in low and inst.has("zero-grad-between-backward-and-step"):
+        return None  # explained: the gradients were cleared before scaler.step
     amp = _amp_error(exc, low, line, where, inst)
     if amp is not None:
         return amp

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampkit.diagnose.findings import Finding, fix_for
-from ampkit.diagnose.fixes import clip_fix
+from ampkit.diagnose.fixes import clip_fix, half_cast_fix
+from ampkit.diagnose.source import keyword_source
+from ampkit.diagnose.tracking import short_path
 
 if TYPE_CHECKING:
     from ampkit.diagnose.instrument import Instrumentation
@@ -47,6 +49,7 @@ class _ScalerState:
     updates: int = 0
     stepped: bool = False                 # step() called since the last update()
     scaled_after_step: bool = False       # ... and scale() again after it: a new iteration without update()
+    created_at: tuple[str, int] | None = None  # the user's (file, line) that created the scaler
 
 
 class ScalerChecks:
@@ -73,11 +76,35 @@ class ScalerChecks:
         if not bad:
             return
         worst = ", ".join(f"{n} {v:.0%}" for n, v in sorted(bad, key=lambda x: -x[1])[:4])
+        disabled = self._disabled_scaler()
         inst.add(Finding(
             code="fp16-without-scaler",
             message=f"FP16 autocast without a GradScaler: {len(bad)} of {len(params)} parameters have at least "
                     f"{_UNDERFLOW_SHARE:.0%} of their gradient elements zero or subnormal (below 2^-14) ({worst})",
-            where=inst.user.where(), fix=fix_for("fp16-without-scaler"), step=inst.step), key=("fp16-without-scaler",))
+            where=disabled[0] if disabled else inst.user.where(),
+            fix=disabled[1] if disabled else fix_for("fp16-without-scaler"), step=inst.step), key=("fp16-without-scaler",))
+
+    def _disabled_scaler(self) -> tuple[str, str] | None:
+        """``(where, fix)`` for FP16 without loss scaling when the script does create a GradScaler, but a disabled
+        one: its line, and a fix that names what disabled it (its ``enabled=`` expression, or its device)."""
+        for scaler, st in list(self._scalers.items()):
+            if scaler.is_enabled() or st.created_at is None:
+                continue
+            filename, line = st.created_at
+            where = f"{short_path(filename)}:{line}"
+            expr = keyword_source(filename, line, "GradScaler", "enabled", position=1)
+            device = getattr(scaler, "_device", None)
+            if expr is not None and expr not in ("True", "1"):
+                why = f"is created with `enabled={expr}`, which is False for FP16"
+            elif isinstance(device, str) and device not in {d for d, _ in self.inst.step_dtypes_seen}:
+                why = f"is created for device '{device}', which this run does not use (a scaler disables itself there)"
+            else:
+                why = "is disabled"
+            return where, (f"your GradScaler at {where} {why}: enable it whenever the autocast dtype is FP16, e.g. "
+                           "`torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))`, and keep "
+                           "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`; or use "
+                           "BF16 where the card has it (`ampkit doctor`)")
+        return None
 
     # ------------------------------------------------------------------ GradScaler
     def _state(self, scaler) -> _ScalerState:
@@ -96,7 +123,10 @@ class ScalerChecks:
                 bound.arguments["enabled"] = False
                 args, kwargs = bound.args[1:], bound.kwargs
             orig(scaler, *args, **kwargs)
-            checks._state(scaler)
+            st = checks._state(scaler)
+            if not inst._paused:
+                f = inst.user.frame(1)
+                st.created_at = (f.f_code.co_filename, f.f_lineno) if f is not None else None
 
         return __init__
 
@@ -127,16 +157,20 @@ class ScalerChecks:
 
     def _check_fp16_params(self, scaler, optimizer) -> None:
         inst = self.inst
-        names = [inst.tracker.param_name(p) for p in optimizer_params(optimizer)
-                 if p.grad is not None and p.grad.dtype == torch.float16]
-        if names:
-            inst.add(Finding(
-                code="fp16-params-with-scaler",
-                message=f"{len(names)} parameters are FP16 ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) "
-                        "and a GradScaler unscales their gradients: torch refuses with \"Attempting to unscale FP16 "
-                        "gradients\"; FP16 weights also lose small updates",
-                where=inst.user.where(), fix=fix_for("fp16-params-with-scaler"), step=inst.step),
-                key=("fp16-params-with-scaler",))
+        half = [p for p in optimizer_params(optimizer) if p.grad is not None and p.grad.dtype == torch.float16]
+        if not half:
+            return
+        names = [inst.tracker.param_name(p) for p in half]
+        cast = inst.loop_checks.half_line(half)
+        inst.add(Finding(
+            code="fp16-params-with-scaler",
+            message=f"{len(names)} parameters are FP16 ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) "
+                    "and a GradScaler unscales their gradients: torch refuses with \"Attempting to unscale FP16 "
+                    "gradients\"; FP16 weights also lose small updates"
+                    + (f" (the GradScaler steps at {inst.user.where()}; the weights were made FP16 at {cast})" if cast else ""),
+            where=cast or inst.user.where(),
+            fix=half_cast_fix(cast, inst.source_line(cast)) if cast else fix_for("fp16-params-with-scaler"),
+            step=inst.step), key=("fp16-params-with-scaler",))
 
     def wrap_unscale(self, orig):
         inst, checks = self.inst, self

@@ -1,0 +1,35 @@
+"""Fine-tuning a small MLP "in BF16 to halve the memory": the model is converted with
+`model.to(torch.bfloat16)` and AdamW updates the BF16 weights directly, at a fine-tuning learning rate.
+
+Planted: with no FP32 master copy, each AdamW update (about lr = 1e-5) is far below half the BF16 rounding
+step of weights around 0.1 (about 2.4e-4): almost every update is rounded away and the model stops learning.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=32, hidden=128, n_classes=5):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, n_classes)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = MLP()
+    model = model.to(torch.bfloat16)  # expect: bf16-weights-without-master
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    for step in range(3):
+        x = torch.randn(64, 32, generator=g)
+        y = torch.randint(0, 5, (64,), generator=g)
+        logits = model(x.to(torch.bfloat16))
+        loss = F.cross_entropy(logits.float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
