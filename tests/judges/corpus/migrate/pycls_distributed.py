@@ -1,5 +1,5 @@
 # Modelled on facebookresearch/pycls pycls/core/config.py, distributed.py and trainer.py (MIT): the
-# backend in the config, the current device index from torch.cuda, `from torch.cuda import amp`.
+# backend in the config, the current device index from torch.cuda, amp imported from torch.cuda.
 # Written for ampkit's judge corpus.
 import torch
 from torch.cuda import amp
