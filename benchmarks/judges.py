@@ -186,19 +186,29 @@ def score_diagnose(case: dict, findings: list[dict]) -> dict:
 
 
 def changed_lines(before: str, after: str) -> dict[int, str]:
-    """Original line number -> what it became (``""`` when deleted; a block replaced by a block of another
-    length maps each of its lines to the whole new block). Inserted lines belong to no original line."""
+    """Original line number -> what it became (``""`` when deleted). In a block replaced by a block of
+    another length, each old line goes, in order, to the most similar new line left; the new lines no old
+    line takes (an added import) are insertions and belong to no original line."""
     old, new = before.splitlines(), after.splitlines()
     out: dict[int, str] = {}
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
         if tag == "equal" or tag == "insert":
             continue
-        if tag == "replace" and i2 - i1 == j2 - j1:
+        if tag == "delete":
+            out.update({i + 1: "" for i in range(i1, i2)})
+        elif i2 - i1 == j2 - j1:
             out.update({i1 + k + 1: new[j1 + k] for k in range(i2 - i1)})
         else:
-            block = "\n".join(new[j1:j2])
-            out.update({i + 1: block for i in range(i1, i2)})
-    return out
+            j = j1
+            for i in range(i1, i2):
+                left = i2 - i - 1  # old lines still to place: keep a new line for each when there are enough
+                candidates = range(j, max(j + 1, j2 - left)) if j < j2 else range(0)
+                if not candidates:
+                    out[i + 1] = ""
+                    continue
+                best = max(candidates, key=lambda c: difflib.SequenceMatcher(None, old[i], new[c]).ratio())
+                out[i + 1], j = new[best], best + 1
+    return {line: text for line, text in out.items() if text != old[line - 1]}  # a line placed as it was
 
 
 def score_migrate(rows: list[dict], absent: str, before: str, after: str, findings: list[dict]) -> dict:
