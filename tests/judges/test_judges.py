@@ -169,3 +169,26 @@ def test_fast_subset_runs_and_reports_its_numbers(tmp_path, capsys):
         assert counts["harness_errors"] == 0, target
         assert counts["right"] + counts["reported"] + counts["wrong"] + counts["missed"] == counts["lines"]
     assert '"diagnose"' in capsys.readouterr().out  # the summary is printed
+
+
+def test_benchmarks_page_shows_the_newest_full_run(tmp_path):
+    spec = importlib.util.spec_from_file_location("render_benchmarks", ROOT / "benchmarks" / "render_benchmarks.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    diagnose = {"clean_cases": 19, "clean_with_findings": 3, "false_findings": 4, "planted_defects": 11, "right_code": 7,
+                "right_line": 5, "wrong_code": 2, "missed": 2, "extra_findings_on_planted": 1, "harness_errors": 0,
+                "seconds": 600.0}
+    cases = [{"name": "naive_softmax", "kind": "planted", "expect": [{"code": "nonfinite-forward", "line": 29}],
+              "score": {"found": [{"code": "nonfinite-forward", "line": 30}]}}]
+    migrate = {"musa": {"files": 12, "lines": 78, "right": 69, "reported": 2, "wrong": 2, "missed": 5,
+                        "unexpected_changes": 1, "harness_errors": 0}}
+    for name, subset, date in (("judges-2026-12-04.json", "full", "2026-12-04"), ("judges-fast.json", "fast", "2026-12-05")):
+        record = {"kind": "judges", "subset": subset, "date": date, "git_commit": "0123456789abcdef",
+                  "versions": {"torch": "2.13.0"}, "summary": {"diagnose": diagnose, "migrate": migrate},
+                  "diagnose": cases, "migrate": []}
+        (tmp_path / name).write_text(json.dumps(record))
+    page = rb.render(rb.load_results(tmp_path))
+    assert "judges-2026-12-04.json" in page and "judges-fast.json" not in page  # the full run, not the newer fast one
+    assert "| 600 s | 19 | 3 | 4 | 11 | 7 | 5 | 2 | 2 | 1 |" in page
+    assert "| naive_softmax | nonfinite-forward:29 | nonfinite-forward:30 |" in page
+    assert "| musa | 12 | 78 | 69 | 2 | 2 | 5 | 1 |" in page
