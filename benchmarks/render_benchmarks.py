@@ -54,6 +54,8 @@ def kind_of(data: dict) -> str:
 
     if data.get("kind") == "migrate-speed" and isinstance(data.get("runs"), list):
         return "migrate"  # benchmarks/migrate_speed.py: CPU time of `ampkit migrate` against ast.parse
+    if data.get("kind") == "judges" and isinstance(data.get("summary"), dict):
+        return "judges"  # benchmarks/judges.py: diagnose and migrate against the corpus's truth tables
     raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json, "
                       "the distributed summary, benchmarks/digits_sizes.py's or benchmarks/migrate_speed.py's)")
 
@@ -304,6 +306,40 @@ def migrate_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def judges_section(files: list[dict]) -> list[str]:
+    """benchmarks/judges.py: the newest full run (else the newest run) of diagnose and migrate on the corpus."""
+    full = [d for d in files if d.get("subset") == "full"] or files
+    data = max(full, key=lambda d: (str(d.get("date")), d["_file"]))
+    src = f"{data['_file']}, {_commit(data)}, {_date(data)}, torch {_torch(data)}"
+    lines = ["## Judges on code nobody here wrote (`benchmarks/judges.py`)", "",
+             "`ampkit diagnose` and `ampkit migrate` over `tests/judges/corpus/`: scripts and files modelled on public "
+             "repositories, each with a truth table (`cases.json`; docs/contributing.md says how to add a case). "
+             f"Newest {data.get('subset', 'full')} run: {src}.", ""]
+    d = data["summary"].get("diagnose")
+    if d:
+        lines += ["| diagnose | clean cases | clean with a finding | false findings | planted defects | right code | "
+                  "right line | wrong code | missed | extra findings on planted |",
+                  "|---|---|---|---|---|---|---|---|---|---|",
+                  f"| {d['seconds']:.0f} s | {d['clean_cases']} | {d['clean_with_findings']} | {d['false_findings']} | "
+                  f"{d['planted_defects']} | {d['right_code']} | {d['right_line']} | {d['wrong_code']} | {d['missed']} | "
+                  f"{d['extra_findings_on_planted']} |", "",
+                  "| case | expected | found |", "|---|---|---|"]
+        for case in data["diagnose"]:
+            found = ", ".join(f"{f['code']}:{f['line']}" for f in case["score"]["found"]) or "nothing"
+            if case["kind"] == "planted" or case["score"]["found"]:
+                want = ", ".join(f"{e['code']}:{e['line']}" for e in case["expect"]) or "nothing (clean)"
+                lines.append(f"| {case['name']} | {want} | {_cell(found)} |")
+        lines.append("")
+    m = data["summary"].get("migrate")
+    if m:
+        lines += ["| migrate --target | files | lines judged | right | reported, not ported | wrong | missed | "
+                  "unexpected changes |", "|---|---|---|---|---|---|---|---|"]
+        for target, c in sorted(m.items()):
+            lines.append(f"| {target} | {c['files']} | {c['lines']} | {c['right']} | {c['reported']} | {c['wrong']} | "
+                         f"{c['missed']} | {c['unexpected_changes']} |")
+    return lines
+
+
 def sizes_section(files: list[dict]) -> list[str]:
     """benchmarks/digits_sizes.py: the README's main job (`ampkit compare`, digits) at several model sizes."""
     sources = Sources()
@@ -474,6 +510,8 @@ def render(results: list[dict] | None = None) -> str:
 
     if by_kind.get("migrate"):
         out += migrate_section(by_kind["migrate"]) + [""]
+    if by_kind.get("judges"):
+        out += judges_section(by_kind["judges"]) + [""]
     if by_kind.get("distributed"):
         out += distributed_section(by_kind["distributed"]) + [""]
     if by_kind.get("doctor"):
