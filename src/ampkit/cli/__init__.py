@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ampkit {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:  # compare: a signal ends the whole comparison, and nothing cut short is judged
-        print(f"ampkit {args.command}: {exc}: no verdict was written", file=sys.stderr)
+        tail = ": no verdict was written" if args.command == "compare" else ""
+        print(f"ampkit {args.command}: {exc}{tail}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"ampkit {args.command}: interrupted", file=sys.stderr)
