@@ -13,12 +13,13 @@ import psutil
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def start_cli(*argv: str, cwd) -> subprocess.Popen:
-    """``python -m ampkit ARGV`` in a subprocess, stderr piped, using this checkout's code."""
+def start_cli(*argv: str, cwd, group: bool = False) -> subprocess.Popen:
+    """``python -m ampkit ARGV`` in a subprocess, stderr piped, using this checkout's code; ``group``: in a
+    process group of its own, as a shell runs a command (a terminal's Ctrl-C goes to the whole group)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.Popen([sys.executable, "-m", "ampkit", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, start_new_session=group)
 
 
 def wait_until(check, timeout: float, what: str):

@@ -4,6 +4,6 @@ See :mod:`ampkit.children.tied`: a new process group per child, stopped as a who
 when ampkit stops, and the kernel's parent-death signal for when ampkit is killed outright.
 """
 
-from ampkit.children.tied import GRACE_S, run_tied, start_tied, stop_group, tie_to_parent
+from ampkit.children.tied import GRACE_S, init_worker, run_tied, start_tied, stop_group, tie_to_parent
 
-__all__ = ["GRACE_S", "tie_to_parent", "start_tied", "stop_group", "run_tied"]
+__all__ = ["GRACE_S", "tie_to_parent", "init_worker", "start_tied", "stop_group", "run_tied"]

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-__all__ = ["GRACE_S", "tie_to_parent", "start_tied", "stop_group", "run_tied"]
+__all__ = ["GRACE_S", "tie_to_parent", "init_worker", "start_tied", "stop_group", "run_tied"]
 
 GRACE_S = 3.0  # between SIGTERM to a child's group and SIGKILL
 _PR_SET_PDEATHSIG = 1
@@ -53,6 +53,16 @@ def tie_to_parent(parent: int | None = None) -> None:
         os._exit(128 + int(signal.SIGTERM))
 
     threading.Thread(target=watch, name="ampkit-parent-watch", daemon=True).start()
+
+
+def init_worker() -> None:
+    """A pool worker's initializer (``ProcessPoolExecutor(initializer=init_worker)``): tied to its parent, and
+    deaf to the terminal's Ctrl-C (the parent stops its workers itself) while SIGTERM ends it quietly; a fork
+    would otherwise inherit the parent's Python handlers and print a traceback per worker."""
+    tie_to_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _preexec(parent: int):
