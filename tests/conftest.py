@@ -43,6 +43,26 @@ def _deterministic(monkeypatch):
     yield
 
 
+def _cwd_entries() -> set[str]:
+    here = os.getcwd()
+    found = set(os.listdir(here))
+    for sub in ("runs",):  # the default output folders (compare: runs/compare-N; train's tensorboard: runs/)
+        if os.path.isdir(os.path.join(here, sub)):
+            found |= {os.path.join(sub, name) for name in os.listdir(os.path.join(here, sub))}
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _writes_only_to_temporary_folders():
+    """A test writes into tmp_path only: nothing new may appear in the working folder (a command run without
+    --out writes runs/compare-N there, in the user's checkout)."""
+    cwd, before = os.getcwd(), _cwd_entries()
+    yield
+    if os.getcwd() == cwd:  # a test that changed folder (monkeypatch.chdir) is back by now; else nothing to see
+        new = sorted(_cwd_entries() - before - {"__pycache__", ".pytest_cache", ".coverage"})
+        assert not new, f"the test wrote into the working folder {cwd}: {new} (give it an --out under tmp_path)"
+
+
 def pytest_collection_modifyitems(config, items):
     has_accel = torch.cuda.is_available() or bool(getattr(torch, "musa", None) and torch.musa.is_available())
     multi = has_accel and torch.cuda.is_available() and torch.cuda.device_count() >= 2

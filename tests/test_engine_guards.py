@@ -249,17 +249,19 @@ def test_optimizers_at_different_points_of_their_windows_are_refused():
 
 
 # ---------------------------------------------------------------------- fp32_modules, close
-def test_fp32_modules_without_attach_is_said_once():
+def test_fp32_modules_without_attach_is_refused_at_the_first_step():
     model = _net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    before = [p.detach().clone() for p in model.parameters()]
     amp = MixedPrecision("bf16", fp32_modules=["2"])
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        for i in range(3):
-            amp.backward(_loss(model, i))
-            amp.step(opt)
-    said = [w for w in seen if "amp.attach(model) was not called" in str(w.message)]
-    assert len(said) == 1
+    amp.backward(_loss(model, 0))
+    with pytest.raises(UsageError, match=r"^fp32_modules \['2'\] is set but amp.attach\(model\) was not called, so "
+                                         r"no module would be kept in FP32: call amp.attach\(model\) once"):
+        amp.step(opt)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # no step was taken
+    fp32 = MixedPrecision("fp32", fp32_modules=["2"])  # no autocast: nothing runs in low precision anyway
+    fp32.backward(_loss(model, 0))
+    fp32.step(opt)
     attached = MixedPrecision("bf16", fp32_modules=["2"])
     attached.attach(model)
     with warnings.catch_warnings():

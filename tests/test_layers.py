@@ -19,10 +19,11 @@ ROOT = SRC / "ampkit"
 
 # Each part of the design and the parts it may import (besides itself). The leaves (errors, choices,
 # findings, compat) sit under everything; data flows one way: cli -> features -> engine -> device.
-LEAVES = {"errors", "choices", "findings", "compat", "atomic"}
+LEAVES = {"errors", "choices", "findings", "compat", "atomic", "children"}
 MAY_IMPORT = {
     "errors": set(),
     "atomic": set(),
+    "children": set(),  # the processes ampkit starts: tied to its life
     "choices": set(),
     "findings": set(),
     "compat": {"errors"},

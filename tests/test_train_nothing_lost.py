@@ -100,3 +100,17 @@ def test_nproc_refuses_before_starting_torchrun(a_run):
     rc, err = _train(a_run, "--nproc", "2")
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "already holds a run" in err
     assert _hashes(a_run) == before
+
+
+@pytest.mark.parametrize("steps", ["4", "3"])
+def test_resume_with_nothing_to_train_stops_and_touches_nothing(a_run, steps):
+    """A run at step 4 resumed with --steps 4 (or fewer): one line, exit 2, run.json and metrics as they were
+    (a rewritten record would say steps: 3 of a run that took 4)."""
+    before = _hashes(a_run)
+    rc, err = _train(a_run, "--resume", "--steps", steps)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0] == (f"ampkit train: error: --resume: the run in {a_run} is already at step 4 "
+                        f"({a_run / 'checkpoints' / 'step-00000004.pt'}) and --steps {steps} asks for no step past "
+                        "it: give --steps above 4 to train on; nothing was changed")
+    assert _hashes(a_run) == before

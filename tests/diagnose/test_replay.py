@@ -124,6 +124,32 @@ def test_replay_at_a_step_and_without_a_halt_record(overflow_run, tmp_path):
     assert (r.checkpoint_step, r.step, r.module, r.cause) == (30, 31, "mix", "precision")
 
 
+def test_replay_at_a_checkpoints_own_step_and_at_the_halts_step(overflow_run):
+    """Step 75 is a checkpoint's own step: the replay starts from the one before (70) and replays 75 itself;
+    step 80 is where the halt stopped the run: replayed like any other (no TrainingHalted, no skip limit)."""
+    out, _, _ = overflow_run
+    r = replay_run(out, step=75)
+    assert (r.checkpoint_step, r.step, r.module, r.cause) == (70, 75, "mix", "precision")
+    r = replay_run(out, step=80)
+    assert (r.checkpoint_step, r.step, r.module, r.cause) == (75, 80, "mix", "precision")
+
+
+def test_a_step_the_run_never_took_is_refused_at_once(overflow_run, tmp_path):
+    out, _, _ = overflow_run
+    for step in (81, 9999):  # the halt stopped the run at step 80
+        rc, stdout, err = _cli("diagnose", "--replay", f"{out}:{step}")
+        assert rc == 2 and not stdout and err.strip() == (
+            f"ampkit diagnose: error: --replay {out}:{step}: the run's last step was 80, so step {step} was never "
+            "taken; give a step from 1 to 80 (or no step: its first bad step)"), err
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    rec = json.loads((copy / "run.json").read_text())
+    rec["halt"] = None  # no halt record: the newest of metrics.jsonl's last step and the checkpoints (75)
+    (copy / "run.json").write_text(json.dumps(rec))
+    with pytest.raises(UsageError, match="the run's last step was 75, so step 76 was never taken"):
+        replay_run(copy, step=76)
+
+
 def test_replay_without_a_checkpoint_starts_from_step_0(tmp_path):
     # No --ckpt-every: the halt leaves no checkpoint, but the seed rebuilds step 0 exactly.
     out = tmp_path / "bare"

@@ -81,11 +81,11 @@ def test_inconclusive_searches_no_fix():
     assert any(line.startswith("inconclusive: no fix is searched") for line in e["summary"])
 
 
-def test_a_small_budget_is_kept_and_what_did_not_fit_is_said(capsys):
+def test_a_small_budget_is_kept_and_what_did_not_fit_is_said(capsys, tmp_path):
     # A budget too small for any ranking or rerun: nothing is tried, and the notes say what did not fit.
     # (Timing a budget that fits part of the work is flaky on a loaded machine: the prices are estimates.)
     code = main(["compare", "--task", OVERFLOW_NORM, "--precision", "fp16", "--seeds", "1", "--steps", "12",
-                 "--no-audit", "--explain", "--explain-budget", "0.000001", "--json"])
+                 "--no-audit", "--explain", "--explain-budget", "0.000001", "--json", "--out", str(tmp_path / "c")])
     data = json.loads(capsys.readouterr().out)
     assert code == 1
     e = data["explain"]

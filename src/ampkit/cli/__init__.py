@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 
+from ampkit.cli.output import OutputError, guarded_stdout, os_error_line, silence_stdout
 from ampkit.errors import AmpkitError
 from ampkit.verify.interrupt import Interrupted
 
@@ -72,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
         from ampkit.cli.precheck import precheck
 
         precheck(args)  # before any command imports torch: a bad value is rejected in well under 2 s
-        return int(args.func(args) or 0)
+        with guarded_stdout():  # a full or unwritable stdout: one line (OutputError), not a traceback
+            return int(args.func(args) or 0)
     except AmpkitError as exc:
         print(f"ampkit {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, OutputError):
+            silence_stdout()
         return exc.exit_code
     except Interrupted as exc:  # compare: a signal ends the whole comparison, and nothing cut short is judged
-        print(f"ampkit {args.command}: {exc}: no verdict was written", file=sys.stderr)
+        tail = ": no verdict was written" if args.command == "compare" else ""
+        print(f"ampkit {args.command}: {exc}{tail}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"ampkit {args.command}: interrupted", file=sys.stderr)
@@ -85,4 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # `ampkit ... | head`: stop quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # a file or folder a command writes: full disk, read-only, no permission
+        print(f"ampkit {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
         return 1

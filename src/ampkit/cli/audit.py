@@ -57,7 +57,12 @@ def _run_script(args) -> int:
                                  ("--device", args.device, None), ("--fp32-modules", args.fp32_modules, None)):
         if value != default:
             raise UsageError(f"{flag} is for tasks, not for a SCRIPT (the script decides its model and device): drop it")
-    result = audit_script(args.script, args.script_args, precision=args.precision)
+    import signal
+
+    from ampkit.verify.interrupt import stop_on_signals
+
+    with stop_on_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):  # stops the script's run with ampkit
+        result = audit_script(args.script, args.script_args, precision=args.precision)
     reason = "as the script runs it" if args.precision in (None, "auto") else f"--precision {args.precision} forced"
     if args.json:
         print_json({"task": args.script, "script": args.script, "args": args.script_args, "reason": reason,

@@ -87,9 +87,9 @@ def run(args) -> int:
     with exit_promptly("bench"):  # Ctrl-C within seconds, even inside one long step on the CPU
         result = run_bench(config, progress=_Progress())
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=2, default=str)
-            fh.write("\n")
+        from ampkit.cli.output import write_json_file
+
+        write_json_file(args.out, result, "--out", "bench")  # a full disk: one line, and the result kept
     if args.json:
         print_json(result)
     else:

@@ -72,9 +72,19 @@ def check_writable(path: str, flag: str) -> None:
         os.remove(path)
 
 
-def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+def print_json(obj: Any, what: str = "result") -> None:
+    """``obj`` as JSON on stdout; when stdout cannot take it (a full disk), an OutputError that says where the
+    JSON was kept instead (a temporary file), so that a result measured for minutes is not lost."""
+    from ampkit.cli.output import OutputError, keep_elsewhere
+
+    try:
+        json.dump(obj, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except OutputError as exc:
+        kept = keep_elsewhere(obj, what)
+        raise OutputError(f"{exc}; " + (f"the JSON {what} is saved in {kept}" if kept else
+                                        f"the JSON {what} could not be saved elsewhere either")) from None
 
 
 def _console(stderr: bool):

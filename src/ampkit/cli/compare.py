@@ -106,7 +106,13 @@ def _run_script(args) -> int:
                              f"model, device and learning rate): drop it")
     if args.metric_mode is not None and args.metric is None:
         raise UsageError("--metric-mode says which direction of --metric is better: add --metric REGEX")
-    with _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
+    import signal
+
+    from ampkit.verify.interrupt import stop_on_signals
+
+    # A stop signal becomes Interrupted: the running script's process group is stopped, nothing is judged.
+    with stop_on_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)), \
+            _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
         result = compare_script(args.script, args.script_args, precision=args.precision, seeds=args.seeds,
                                 steps=args.steps, log_every=args.log_every, metric=args.metric,
                                 metric_mode=args.metric_mode, out=args.out, run_audit=not args.no_audit, progress=bar,

@@ -71,14 +71,14 @@ def run(args) -> int:
     if args.fp16_range:
         report, error = fp16_range_script(args.script, args.args, steps=args.steps or 5)
         payload = {"script": args.script, "error": error, **report.to_dict()}
-        _write_json(args.json_file, payload)
         if args.json_file != "-":
             _render_range(report, error)
+        _write_json(args.json_file, payload)
         return 1 if (report.overflow or report.underflow or report.op_overflow or report.keep_fp32 or error) else 0
     result = diagnose_script(args.script, args.args, steps=args.steps or 50)
-    _write_json(args.json_file, result.to_list())
     if args.json_file != "-":
-        _render(result)
+        _render(result)  # first: findings shown even if the JSON file then cannot be written
+    _write_json(args.json_file, result.to_list())
     if result.findings:
         return 1
     return 0 if result.checked else NOTHING_CHECKED
@@ -121,7 +121,11 @@ def _write_json(target: str | None, payload) -> None:
         with open(target, "w", encoding="utf-8") as fh:
             fh.write(text)
     except OSError as exc:
-        raise UsageError(f"cannot write {target}: {exc.strerror}") from None
+        from ampkit.cli.output import keep_elsewhere
+
+        kept = keep_elsewhere(payload, "diagnose")
+        raise UsageError(f"cannot write --json {target}: {exc.strerror}" +
+                         (f"; the findings are saved in {kept}" if kept else "")) from None
 
 
 def _console():

@@ -69,8 +69,19 @@ def run(args) -> int:
     select = None
     if args.select is not None:
         select = [c.strip() for c in args.select.split(",") if c.strip()]
-    results = migrate_paths(args.paths, fix=args.fix, target=args.target, select=select, jobs=args.jobs,
-                            musa_version=args.musa_version)
+    import signal
+
+    from ampkit.verify.interrupt import Interrupted, stop_on_signals
+
+    try:
+        # A stop signal ends the worker processes at once (not after the files already queued for them).
+        with stop_on_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+            results = migrate_paths(args.paths, fix=args.fix, target=args.target, select=select, jobs=args.jobs,
+                                    musa_version=args.musa_version)
+    except Interrupted as stop:
+        done = ("files are rewritten only after all are analysed, each atomically: none is half-written"
+                if args.fix else "nothing was written")
+        raise Interrupted(stop.signum, f"(the worker processes stopped; {done})") from None
     errors = [r for r in results if r.error]
     if args.json:
         from ampkit.cli.common import print_json

@@ -134,6 +134,10 @@ def run(args) -> int:
         raise UsageError("--max-restarts goes with --nproc N (under your own torchrun, pass --max-restarts to "
                          "torchrun)")
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 prints
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        from ampkit.children import tie_to_parent
+
+        tie_to_parent()  # a rank dies with its torchrun agent, even a SIGKILLed one (it forwards other signals)
     config = TrainConfig(
         task=args.task, task_options=parse_task_args(args.task_arg), precision=args.precision, steps=args.steps,
         seed=args.seed, out=args.out, ckpt_every=args.ckpt_every, keep=args.keep, log_every=args.log_every,

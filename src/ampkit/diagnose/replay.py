@@ -39,6 +39,7 @@ from ampkit.checkpoint.dcp import RunCheckpoints
 from ampkit.device import detect_device
 from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.nonfinite import NonFiniteLocator, first_nonfinite_op
+from ampkit.diagnose.replay_range import check_replay_step
 from ampkit.diagnose.tracking import ModuleTracker, UserCode, short_path
 from ampkit.errors import CheckpointError, UsageError
 from ampkit.tasks import Task
@@ -335,6 +336,7 @@ def replay_run(run_dir: str | os.PathLike, *, step: int | None = None, fix_check
         raise UsageError(f"{out} cannot be replayed: {record.get('replay_blocker')}")
     sharded = record.get("strategy") == "fsdp"
     ckpts = RunCheckpoints(out / "checkpoints", keep=10**9, sharded=sharded)
+    check_replay_step(out, record, [sp[0] for sp in ckpts.candidates()], step)  # before minutes of replay
     ck_step, ck_path, target = _choose_checkpoint(ckpts, record, step)
     run = _rebuild(record, device)
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampkit.children import run_tied
 from ampkit.errors import UsageError
 
 __all__ = ["ScriptRun", "run_script", "check_script", "main"]
@@ -89,8 +90,10 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     t0 = time.perf_counter()
     with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
         try:
-            proc = subprocess.run([sys.executable, "-m", entry, str(folder / "spec.json")],
-                                  stdout=out, stderr=err, env=env, timeout=timeout_s)
+            # Its own process group, stopped as a whole if this wait ends early (a stop signal, a timeout),
+            # and killed by the kernel if ampkit dies: no run trains on after ampkit is gone.
+            proc = run_tied([sys.executable, "-m", entry, str(folder / "spec.json")],
+                            stdout=out, stderr=err, env=env, timeout_s=timeout_s)
         except subprocess.TimeoutExpired:
             raise UsageError(f"{_label(mode, seed)} of {script} did not finish in {timeout_s:.0f} s: pass --steps N "
                              f"to stop each run after N optimizer steps") from None

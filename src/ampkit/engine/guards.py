@@ -21,7 +21,8 @@ device reads (a learning rate is a Python float; parameters and optimizers are P
 * **Learning rates.** A non-finite float ``lr`` in any param group is refused at the step that would
   use it, naming the optimizer and group (``check_lrs``); a scheduler that produces one is named by
   :mod:`ampkit.engine.schedule`. A tensor ``lr`` (``capturable``) is not read on the host.
-* ``fp32_modules`` given without ``amp.attach(model)``: one warning at the first step.
+* ``fp32_modules`` given without ``amp.attach(model)``: a UsageError at the first step, before the optimizer
+  steps (the declared modules would otherwise train in low precision).
 """
 
 from __future__ import annotations
@@ -140,9 +141,11 @@ class Guards:
             self._seen[opt] = amp._windows.backwards
         if not self._warned_fp32:  # the first step only (the specs are normalised on every read)
             self._warned_fp32 = True
-            if amp.config.fp32_specs and amp.fp32_regions is None:
-                warnings.warn("ampkit: fp32_modules is set but amp.attach(model) was not called, so no module is "
-                              "kept in FP32: call amp.attach(model) once before training", stacklevel=4)
+            if amp.config.fp32_specs and amp.fp32_regions is None and amp.precision.autocast_enabled:
+                # Refused, not warned: training on would run the declared modules in low precision.
+                raise UsageError(f"fp32_modules {list(amp.config.fp32_specs)} is set but amp.attach(model) was "
+                                 "not called, so no module would be kept in FP32: call amp.attach(model) once "
+                                 "before the first step")
         check_lrs(optimizers)
 
     def after_step(self, amp: "MixedPrecision", optimizers: Sequence[torch.optim.Optimizer]) -> None:

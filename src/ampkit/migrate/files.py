@@ -8,6 +8,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 import tokenize
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -15,6 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ampkit.children import GRACE_S, init_worker
 from ampkit.errors import AmpkitError, first_line
 from ampkit.migrate.engine import check_options, may_match, migrate_source, musa_version_of
 from ampkit.migrate.findings import Finding
@@ -203,16 +205,37 @@ def _run_all(tasks: list[tuple[str, _Source]], target: str, select: frozenset[st
     if jobs <= 1 or len(tasks) <= 1:
         return [_analyse(p, src, target, select, musa_version) for p, src in tasks]
     results: list[FileResult | None] = [None] * len(tasks)
+    # Workers die with this process (even when it is SIGKILLed) and leave Ctrl-C to it.
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=init_worker)
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = [pool.submit(_analyse, p, src, target, select, musa_version) for p, src in tasks]
-            for i, fut in enumerate(futures):
-                results[i] = fut.result()
+        futures = [pool.submit(_analyse, p, src, target, select, musa_version) for p, src in tasks]
+        for i, fut in enumerate(futures):
+            results[i] = fut.result()
     except BrokenProcessPool:  # a worker died (a crash in native code); the finished files stand
         pass
+    except BaseException:
+        # A stop (Ctrl-C, a signal turned into an exception): end the workers now; the pool's own shutdown would
+        # first finish every file already queued (minutes on a large tree).
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
     return [r if r is not None else FileResult(p, error=f"{p}: the analysing process died; skipped, left "
                                                "untouched (run with --jobs 1 to find the file)")
             for r, (p, _) in zip(results, tasks)]
+
+
+def stop_pool(pool: ProcessPoolExecutor, grace_s: float = GRACE_S) -> None:
+    """Cancel what ``pool`` has not started and end its worker processes: SIGTERM, SIGKILL after ``grace_s``."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for w in workers:
+        w.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + grace_s
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+        if w.is_alive():
+            w.kill()
+            w.join(1.0)
 
 
 def migrate_paths(paths: Iterable[str | os.PathLike], *, fix: bool = False, target: str = "agnostic",

@@ -27,13 +27,14 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ampkit.errors import UsageError
+from ampkit.errors import UsageError, first_line
 
 __all__ = ["Task", "load_task", "BUILTIN_TASKS", "parse_task_args", "map_tensors", "import_factory"]
 
@@ -185,6 +186,21 @@ def _check_option_type(spec: str, key: str, value: Any, param: inspect.Parameter
                          f"got {value!r}")
 
 
+def _factory_error(exc: Exception, spec: str, factory: Callable[..., Any]) -> UsageError:
+    """One line for anything a task's factory raised: its own message and, for a user's factory, "in your
+    factory SPEC" and the line of the factory's file where it was raised."""
+    if spec in BUILTIN_TASKS:
+        return UsageError(f"task {spec!r} could not be built: {first_line(exc, 300)}")
+    try:
+        home = os.path.abspath(inspect.getsourcefile(factory) or "")
+    except TypeError:
+        home = ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == home]
+    at = f", {os.path.basename(home)}:{frames[-1].lineno}" if frames else ""
+    return UsageError(f"{first_line(exc, 300)} (in your factory {spec}{at}): fix the factory, or the options "
+                      "given to it with --task-arg")
+
+
 def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[str, Any] | None = None,
               device: torch.device | str | None = None) -> Task:
     """Build a task from a built-in name, ``FILE.py:factory``, ``module:factory`` or the factory itself.
@@ -221,8 +237,10 @@ def load_task(spec: str | Callable[..., Task], *, seed: int = 0, options: dict[s
     torch.manual_seed(seed)
     try:
         task = factory(**options)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"task {spec!r} could not be built: {exc}") from exc
+    except UsageError:
+        raise  # already one line that says what to do
+    except Exception as exc:  # noqa: BLE001 - the factory's own error: its message and where, no traceback
+        raise _factory_error(exc, spec, factory) from exc
     if not isinstance(task, Task):
         raise UsageError(f"{spec} returned {type(task).__name__}, not an ampkit.Task")
     return task

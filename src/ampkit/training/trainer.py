@@ -24,7 +24,7 @@ from ampkit import distributed as dist_mod
 from ampkit.device import detect_device
 from ampkit.device.policy import Precision, bf16_advice
 from ampkit.engine.monitor import ScaleMonitor
-from ampkit.errors import TrainingHalted
+from ampkit.errors import TrainingHalted, UsageError
 from ampkit.tasks import Task
 from ampkit.training.callbacks import Callback, TrainState
 from ampkit.training.config import TrainConfig
@@ -98,6 +98,11 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
 
 def _train(run: Run, progress: Progress | None, *, given_task: bool = False) -> TrainResult:
     start, resumed_from = resume(run)
+    if run.config.resume and start > 0 and start >= run.total:
+        # Nothing to train: refuse before run.json and metrics.jsonl are touched (they would say --steps N).
+        raise UsageError(f"--resume: the run in {run.out} is already at step {start} ({resumed_from}) and --steps "
+                         f"{run.total} asks for no step past it: give --steps above {start} to train on; nothing "
+                         "was changed")
     record = run_record(run, start=start, given_task=given_task) if run.out is not None else None
     if record is not None and run.main:
         write_record(run.out, record)

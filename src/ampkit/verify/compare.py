@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import Device, detect_device
-from ampkit.errors import UsageError
+from ampkit.errors import AmpkitError, UsageError
 from ampkit.device.policy import Precision, bf16_advice, resolve_precision
 from ampkit.tasks import Task, load_task
 from ampkit.verify.band import MARGINS
@@ -432,8 +432,25 @@ def write_outputs(result: CompareResult, out: str | Path) -> CompareResult:
     from ampkit.verify.report import write_report
 
     folder = prepare_folder(out)
-    html, pngs = write_report(result, folder)
-    result = replace(result, report=str(html), files=tuple(str(p) for p in [folder / "compare.json", html, *pngs]))
-    (folder / "compare.json").write_text(json.dumps(result.to_dict(), indent=2, default=str, allow_nan=False) + "\n",
-                                         encoding="utf-8")
+    try:
+        html, pngs = write_report(result, folder)
+        result = replace(result, report=str(html), files=tuple(str(p) for p in [folder / "compare.json", html, *pngs]))
+        (folder / "compare.json").write_text(json.dumps(result.to_dict(), indent=2, default=str, allow_nan=False)
+                                             + "\n", encoding="utf-8")
+    except OSError as exc:  # a full disk after minutes of training: the verdict is kept, in one line
+        raise AmpkitError(f"cannot write the report into {folder}: {exc.strerror or exc}; the verdict was "
+                          f"{result.verdict}, {_keep(result)}") from None
     return result
+
+
+def _keep(result: CompareResult) -> str:
+    import json
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="ampkit-compare-", suffix=".json")
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    except OSError:
+        return "and compare.json could not be saved elsewhere either"
+    return f"compare.json is saved in {path}"

@@ -16,6 +16,7 @@ prints; ``progress`` gets ``compare_start``, ``run_start``, ``run_end``, ``audit
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
@@ -23,7 +24,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import parse_device
@@ -32,6 +33,7 @@ from ampkit.errors import UsageError
 from ampkit.device.policy import bf16_advice
 from ampkit.verify.band import MARGINS, RunOutcome
 from ampkit.verify.judge import judge
+from ampkit.verify.interrupt import Interrupted
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
 from ampkit.verify.prior import refuse_existing
 
@@ -177,8 +179,9 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
                 count += 1
                 emit({"event": "run_start", "run": count, "runs": 2 * len(seed_list), "seed": seed, "precision": side,
                       "total": steps or 0})
-                run = run_script(full, list(args), mode=side, seed=seed, folder=base / f"{side}-seed{seed}",
-                                 precision=forced, steps=steps)
+                with _stopped_in(f"run {count} of {2 * len(seed_list)}", count - 1, "the running one stopped"):
+                    run = run_script(full, list(args), mode=side, seed=seed, folder=base / f"{side}-seed{seed}",
+                                     precision=forced, steps=steps)
                 runs[side][seed] = run
                 emit({"event": "run_end", "run": count, "runs": 2 * len(seed_list), "seed": seed, "precision": side,
                       "wall_s": run.wall_s, "metric": metric_name(metric), "value": _safe_last(run),
@@ -186,8 +189,9 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         audit = None
         if run_audit:
             emit({"event": "audit"})
-            audit = run_script(full, list(args), mode="amp", seed=seed_list[0], folder=base / "audit",
-                               precision=forced, audit=True, entry=AUDIT_ENTRY).audit
+            with _stopped_in("the audit run", count, "the audit run stopped"):
+                audit = run_script(full, list(args), mode="amp", seed=seed_list[0], folder=base / "audit",
+                                   precision=forced, audit=True, entry=AUDIT_ENTRY).audit
         result = _assemble(script, list(args), runs, forced, regex, metric, higher, log_every, audit,
                            base if out is not None else None, t0, tolerance)
     finally:
@@ -197,6 +201,17 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         emit({"event": "report", "out": str(out)})
         result = write_outputs(result, out)
     return result
+
+
+@contextlib.contextmanager
+def _stopped_in(where: str, finished: int, running: str) -> Iterator[None]:
+    """A stop signal during a script's run (its process group is already stopped by then) ends the comparison
+    with a line that says what was stopped; nothing is judged."""
+    try:
+        yield
+    except Interrupted as stop:
+        runs = f"{finished} run{'s' if finished != 1 else ''} finished"
+        raise Interrupted(stop.signum, f"during {where} ({runs}, {running})") from None
 
 
 def _compile(metric: str | None) -> re.Pattern[str] | None:
