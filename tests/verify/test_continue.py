@@ -23,7 +23,8 @@ JUDGED = ("verdict", "effects", "curves", "final_metric", "band", "skipped", "sc
 
 def _compare(out, seeds, **kw):
     kw.setdefault("precision", "bf16")
-    return ampkit.compare(TOY_SPEC, seeds=seeds, steps=12, log_every=3, device="cpu", run_audit=False, out=out,
+    kw.setdefault("steps", 12)
+    return ampkit.compare(TOY_SPEC, seeds=seeds, log_every=3, device="cpu", run_audit=False, out=out,
                           graph=False, **kw)
 
 
@@ -52,6 +53,7 @@ def test_a_continued_comparison_is_the_one_run_at_once(tmp_path, precision):
     ({"task_options": {"hidden": 16}}, "task"),
     ({"precision": "fp16"}, "dtype"),
     ({"fp32_modules": "0"}, "fp32_modules"),
+    ({"steps": 24}, "steps: 12 there, 24 now"),  # issue 47: 12- and 24-step runs are not one experiment
 ])
 def test_other_settings_are_refused_and_the_folder_is_untouched(tmp_path, change, named):
     _compare(tmp_path / "c", 2)
