@@ -315,3 +315,13 @@ def test_a_scheduler_nan_in_a_later_param_group_is_named(fused):
             amp.backward(_loss(model, i))
             amp.step(opt, scheduler=sched)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_an_infinite_learning_rate_is_refused():
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp = MixedPrecision("fp16")
+    opt.param_groups[0]["lr"] = float("inf")
+    amp.backward(_loss(model, 0))
+    with pytest.raises(AmpkitError, match=r"learning rate of SGD param group 0 to inf"):
+        amp.step(opt)

@@ -120,3 +120,22 @@ def test_an_inconclusive_summary_gives_the_continue_command(tmp_path, capsys):
     assert "--seeds 7 --continue trains only the 5 missing seeds" in capsys.readouterr().out
     _summary(replace(result, verdict="inconclusive", effects=effects, continuation=None))  # compare SCRIPT
     assert "--continue" not in capsys.readouterr().out
+
+
+def _record(precision):
+    return {"precision": precision, "metric": "accuracy", "final": 0.9, "wall_s": 1.0, "steps": 4, "skipped": 0,
+            "final_loss": 0.5, "history": [{"step": 4, "loss": 0.5}], "samples_per_s": 10.0, "peak_mem_bytes": None,
+            "warnings": [], "step_graph": False, "step_graph_fallback": None}
+
+
+def test_recorded_runs_of_other_seeds_per_side_are_refused(tmp_path):
+    """A compare.json whose FP32 and AMP runs are not of the same seeds is never judged as pairs."""
+    data = {"task": "toy", "continuation": {"schema": 1, "settings": {"steps": 4}, "runs": {
+        "fp32": {"0": _record("fp32"), "1": _record("fp32")}, "amp": {"0": _record("bf16")}}}}
+    (tmp_path / "compare.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="not of the same seeds"):
+        load_prior(tmp_path, {"steps": 4})
+    data["continuation"]["runs"]["amp"]["1"] = _record("bf16")
+    (tmp_path / "compare.json").write_text(json.dumps(data))
+    runs = load_prior(tmp_path, {"steps": 4})
+    assert set(runs["amp"]) == {0, 1} and runs["amp"][1].final == 0.9

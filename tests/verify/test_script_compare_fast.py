@@ -159,3 +159,15 @@ def test_a_nan_final_loss_is_not_hidden_behind_the_last_finite_one():
     assert math.isnan(script_compare._metric(_run([2.0, 1.0, float("nan")]), None, ""))
     assert script_compare._metric(_run([2.0, 1.0, None]), None, "") == 1.0  # a step without a loss: the last one
     assert script_compare._metric(_run([2.0, 1.5]), None, "") == 1.5
+
+
+@pytest.mark.parametrize("mode, forced, expect", [("fp32", None, torch.float32), ("amp", None, torch.bfloat16),
+                                                  ("amp", torch.float16, torch.float16),
+                                                  ("fp32", torch.float16, torch.float32)])
+def test_the_switch_decides_the_scripts_autocast(mode, forced, expect):
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with Switch(mode=mode, seed=0, dtype=forced) as sw:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = a @ b
+    assert out.dtype == expect
+    assert sw.autocast_seen == (set() if expect == torch.float32 else {f"cpu:{str(expect)[6:]}"})
