@@ -118,6 +118,9 @@ def run_tests(tests: list[str], src: Path, timeout_s: float) -> tuple[str, float
         os.killpg(proc.pid, signal.SIGKILL)  # the tests' own children too
         proc.communicate()
         return "timeout", time.perf_counter() - t0, ""
+    except BaseException:  # Ctrl-C / SIGTERM of the runner: its test run (a session of its own) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     wall = time.perf_counter() - t0
     failed = next((ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))), "")
     status = {0: "passed", 1: "failed", 5: "no-tests"}.get(proc.returncode, "failed")
@@ -227,17 +230,32 @@ def summarize(results: list[dict], bar: float) -> dict:
                           if r["status"] == "survived"]}
 
 
-def run(mutants: list[Mutant], *, timeout_s: float, bar: float, log=print) -> dict:
+def _baseline_groups(selections: list[tuple[str, ...]]) -> dict[tuple[str, ...], list[tuple[str, ...]]]:
+    """One baseline run per set of test files: the union of its selections (``-k A or B``; the whole files
+    when one selection takes them whole), so a shared machine runs each file's baseline once."""
+    by_files: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+    for sel in dict.fromkeys(selections):
+        files = tuple(a for i, a in enumerate(sel) if a != "-k" and (i == 0 or sel[i - 1] != "-k"))
+        by_files.setdefault(files, []).append(sel)
+    groups = {}
+    for files, sels in by_files.items():
+        ks = [sel[sel.index("-k") + 1] if "-k" in sel else None for sel in sels]
+        group = files if None in ks else (*files, "-k", " or ".join(f"({k})" for k in ks))
+        groups[group] = sels
+    return groups
+
+
+def run(mutants: list[Mutant], *, timeout_s: float, bar: float, log=print, save=None) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="ampkit-mutation-")
     src = Path(tmp.name) / "src"
     shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     try:
         _check_imports_copy(src)
         baseline: dict[tuple[str, ...], tuple[str, str]] = {}
-        for sel in dict.fromkeys(tuple(m.tests) for m in mutants):
-            status, wall, failed = run_tests(list(sel), src, timeout_s)
-            baseline[sel] = (status, failed)
-            log(f"baseline {status:8s} {wall:6.1f} s  {' '.join(sel)}" + (f"  {failed}" if failed else ""))
+        for group, sels in _baseline_groups([tuple(m.tests) for m in mutants if m.tests]).items():
+            status, wall, failed = run_tests(list(group), src, timeout_s)
+            baseline.update((sel, (status, failed)) for sel in sels)
+            log(f"baseline {status:8s} {wall:6.1f} s  {' '.join(group)}" + (f"  {failed}" if failed else ""))
         results = []
         for i, m in enumerate(mutants, 1):
             rec = {"id": m.id, "package": m.package, "file": m.file, "breaks": m.breaks, "tests": m.tests,
@@ -257,10 +275,12 @@ def run(mutants: list[Mutant], *, timeout_s: float, bar: float, log=print) -> di
                 rec.update(status={"failed": "killed", "passed": "survived"}.get(status, status), wall_s=round(wall, 1),
                            failed=failed)
             results.append(rec)
+            if save is not None:  # after every mutant: a long run stopped half-way keeps what it measured
+                save({"complete": False, "results": results, **summarize(results, bar)})
             log(f"[{i}/{len(mutants)}] {rec['status']:9s} {rec['wall_s']:6.1f} s  {m.id}: {m.breaks}")
     finally:
         tmp.cleanup()
-    return {"results": results, **summarize(results, bar)}
+    return {"complete": True, "results": results, **summarize(results, bar)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,17 +314,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.id:40s} {m.file}: {m.breaks}\n{'':40s} tests: {' '.join(m.tests) or '(none)'}")
         return 0
     t0 = time.perf_counter()
-    report = run(mutants, timeout_s=args.timeout, bar=args.bar, log=lambda s: print(s, flush=True))
     today = _dt.date.today().isoformat()
     out = args.out or RESULTS / (f"mutation-auto-{args.auto.replace('/', '-')}-{today}.json" if args.auto
                                  else f"mutation-{today}.json")
-    doc = {"benchmark": "mutation", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "versions": _versions(),
-           "git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain", "--", "src")),
-           "mode": f"auto:{args.auto}" if args.auto else "realistic", "timeout_s": args.timeout,
-           "wall_s": round(time.perf_counter() - t0, 1), **report}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    head = {"kind": "mutation", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "versions": _versions(),
+            "git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain", "--", "src")),
+            "mode": f"auto:{args.auto}" if args.auto else "realistic", "timeout_s": args.timeout}
+
+    def save(report: dict) -> dict:
+        doc = {**head, "wall_s": round(time.perf_counter() - t0, 1), **report}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return doc
+
+    doc = save(run(mutants, timeout_s=args.timeout, bar=args.bar, log=lambda s: print(s, flush=True), save=save))
     t = doc["total"]
     for name, p in doc["packages"].items():
         print(f"{name:12s} {p['killed'] + p['timeouts']}/{p['mutants']} killed ({p['kill_rate']:.0%})")
