@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import statistics
 import tempfile
 import time
@@ -27,12 +28,13 @@ from typing import Any, Callable, Sequence
 
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import parse_device
-from ampkit.diagnose.script_run import ScriptRun, check_script, run_script
+from ampkit.diagnose.script_run import STOPPED_BY, ScriptRun, check_script, run_script
 from ampkit.errors import UsageError
 from ampkit.device.policy import bf16_advice
 from ampkit.verify.band import MARGINS, RunOutcome
 from ampkit.verify.judge import judge
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
+from ampkit.verify.interrupt import Interrupted
 from ampkit.verify.prior import refuse_existing
 
 __all__ = ["compare_script", "higher_is_better", "metric_name", "window_curve"]
@@ -179,6 +181,7 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
                       "total": steps or 0})
                 run = run_script(full, list(args), mode=side, seed=seed, folder=base / f"{side}-seed{seed}",
                                  precision=forced, steps=steps)
+                _not_stopped(run)
                 runs[side][seed] = run
                 emit({"event": "run_end", "run": count, "runs": 2 * len(seed_list), "seed": seed, "precision": side,
                       "wall_s": run.wall_s, "metric": metric_name(metric), "value": _safe_last(run),
@@ -197,6 +200,14 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         emit({"event": "report", "out": str(out)})
         result = write_outputs(result, out)
     return result
+
+
+def _not_stopped(run: ScriptRun) -> None:
+    """A run a signal stopped ("stopped by SIGINT") ends the comparison unjudged: :class:`Interrupted`."""
+    if run.stopped.startswith(STOPPED_BY):
+        name = run.stopped[len("stopped by "):].split()[0]
+        signum = signal.Signals.__members__.get(name, signal.SIGINT)
+        raise Interrupted(signum, f"during the {run.mode.upper()} run of seed {run.seed}")
 
 
 def _compile(metric: str | None) -> re.Pattern[str] | None:
