@@ -168,7 +168,11 @@ def auto_mutants(package: str) -> list[Mutant]:
     """Every one-line operator/constant mutant of the package's files (docstrings, f-strings and
     annotations left alone)."""
     base = SRC / "ampkit"
-    files = sorted((base / package).rglob("*.py")) if (base / package).is_dir() else [base / f"{package}.py"]
+    target = base / package  # a package folder, one file (checkpoint/rotation.py) or a module name (errors)
+    files = sorted(target.rglob("*.py")) if target.is_dir() else [target if target.suffix == ".py" else
+                                                                  base / f"{package}.py"]
+    if not all(f.is_file() for f in files):
+        raise SystemExit(f"--auto {package}: no such package or file under src/ampkit")
     tests = PACKAGE_TESTS.get(package.split("/")[0].removesuffix(".py"), [])
     found: list[Mutant] = []
     for path in files:
@@ -283,32 +287,43 @@ def run(mutants: list[Mutant], *, timeout_s: float, bar: float, log=print, save=
     return {"complete": True, "results": results, **summarize(results, bar)}
 
 
+def _realistic() -> list:
+    from mutants import REALISTIC
+
+    return REALISTIC
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", nargs="+", metavar="ID", help="run only these realistic mutants")
-    ap.add_argument("--auto", metavar="PACKAGE", help="automatic mutants of src/ampkit/PACKAGE (e.g. checkpoint)")
+    ap.add_argument("--auto", metavar="PACKAGE", help="automatic mutants of src/ampkit/PACKAGE (e.g. checkpoint, "
+                                                      "or one file: checkpoint/rotation.py)")
     ap.add_argument("--limit", type=int, default=None, help="with --auto: a random sample of this many")
     ap.add_argument("--seed", type=int, default=0, help="with --auto --limit: the sample's seed")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default 300)")
     ap.add_argument("--bar", type=float, default=0.95, help="the kill rate to reach (default 0.95)")
     ap.add_argument("--out", type=Path, default=None, help="the JSON file (default benchmarks/results/...)")
     ap.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the other mutants' records of the JSON file and replace those run now (after a "
+                         "test was added: --only ID --update)")
     args = ap.parse_args(argv)
     if args.auto:
         mutants = auto_mutants(args.auto)
         if args.limit is not None and args.limit < len(mutants):
             mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     else:
-        from mutants import REALISTIC
-
-        mutants = [m if isinstance(m, Mutant) else Mutant(**m) for m in REALISTIC]
+        mutants = [m if isinstance(m, Mutant) else Mutant(**m) for m in _realistic()]
         if args.only:
             unknown = set(args.only) - {m.id for m in mutants}
             if unknown:
                 ap.error(f"unknown mutant ids: {', '.join(sorted(unknown))} (see --list)")
             mutants = [m for m in mutants if m.id in args.only]
     for m in mutants:  # every edit must apply to today's code before anything runs
-        mutate_text((SRC / "ampkit" / m.file).read_text(encoding="utf-8"), m)
+        try:
+            mutate_text((SRC / "ampkit" / m.file).read_text(encoding="utf-8"), m)
+        except (ValueError, OSError) as exc:
+            ap.error(f"{exc}: update benchmarks/mutants.py")
     if args.list:
         for m in mutants:
             print(f"{m.id:40s} {m.file}: {m.breaks}\n{'':40s} tests: {' '.join(m.tests) or '(none)'}")
@@ -322,7 +337,16 @@ def main(argv: list[str] | None = None) -> int:
             "git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain", "--", "src")),
             "mode": f"auto:{args.auto}" if args.auto else "realistic", "timeout_s": args.timeout}
 
+    kept = []
+    if args.update and out.is_file():
+        ids = {m.id for m in mutants}
+        kept = [r for r in json.loads(out.read_text(encoding="utf-8"))["results"] if r["id"] not in ids]
+
     def save(report: dict) -> dict:
+        if kept:
+            order = {m["id"] if isinstance(m, dict) else m.id: i for i, m in enumerate(_realistic())}
+            results = sorted(kept + report["results"], key=lambda r: order.get(r["id"], len(order)))
+            report = {**report, "results": results, **summarize(results, args.bar)}
         doc = {**head, "wall_s": round(time.perf_counter() - t0, 1), **report}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
