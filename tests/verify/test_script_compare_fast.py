@@ -66,8 +66,8 @@ def in_process(monkeypatch):
         stderr.write(err.getvalue().encode())
         return subprocess.CompletedProcess(argv, code)
 
-    monkeypatch.setattr(script_run, "subprocess", types.SimpleNamespace(run=run,
-                                                                          TimeoutExpired=subprocess.TimeoutExpired))
+    # Only `subprocess.run` is replaced (the rest of the module as it is), in script_run's view only.
+    monkeypatch.setattr(script_run, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "run": run}))
 
 
 @pytest.fixture
