@@ -226,8 +226,9 @@ def summarize(results: list[dict], bar: float) -> dict:
     for p in packages.values():
         p["kill_rate"] = round((p["killed"] + p["timeouts"]) / p["mutants"], 4)
     killed = sum(p["killed"] + p["timeouts"] for p in packages.values())
-    total = {"mutants": len(counted), "killed": killed, "kill_rate": round(killed / len(counted), 4) if counted else None,
-             "not_counted": len(results) - len(counted), "bar": bar}
+    rate = round(killed / len(counted), 4) if counted else None
+    total = {"mutants": len(counted), "killed": killed, "kill_rate": rate, "not_counted": len(results) - len(counted),
+             "bar": bar}
     total["meets_bar"] = total["kill_rate"] is not None and total["kill_rate"] >= bar
     return {"packages": dict(sorted(packages.items())), "total": total,
             "survivors": [{k: r[k] for k in ("id", "file", "breaks", "tests")} for r in results
