@@ -56,8 +56,10 @@ def kind_of(data: dict) -> str:
         return "migrate"  # benchmarks/migrate_speed.py: CPU time of `ampkit migrate` against ast.parse
     if data.get("kind") == "judges" and isinstance(data.get("summary"), dict):
         return "judges"  # benchmarks/judges.py: diagnose and migrate against the corpus's truth tables
+    if data.get("kind") == "mutation" and isinstance(data.get("packages"), dict):
+        return "mutation"  # benchmarks/mutation.py: the share of mutants the fast tests kill, per package
     raise ResultError("unknown kind of result (expected ampkit bench --json, compare.json, doctor --json, "
-                      "the distributed summary, benchmarks/digits_sizes.py's or benchmarks/migrate_speed.py's)")
+                      "the distributed summary, benchmarks/digits_sizes.py's, migrate_speed.py's or mutation.py's)")
 
 
 def _rel(path: Path) -> str:
@@ -340,6 +342,24 @@ def judges_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def mutation_section(files: list[dict]) -> list[str]:
+    """benchmarks/mutation.py: the mutants the fast test suite kills, per package, and the survivors."""
+    lines = ["## Mutation testing (`benchmarks/mutation.py`)", "",
+             "Each mutant is one realistic break of the code (or, with `--auto`, one operator or constant changed); "
+             "killed when the fast tests that claim the behaviour fail. The mutants: `benchmarks/mutants.py`.", "",
+             "| file | commit | mode | package | killed / mutants | kill rate |", "|---|---|---|---|---|---|"]
+    for data in sorted(files, key=lambda d: d["_file"]):
+        rows = [*data["packages"].items(), ("**all**", {**data["total"], "timeouts": 0})]
+        for name, p in rows:
+            rate = p["kill_rate"]
+            lines.append(f"| {data['_file']} | `{str(data.get('git_commit'))[:10]}` | {data.get('mode')} | {name} | "
+                         f"{p['killed'] + p.get('timeouts', 0)} / {p['mutants']} | "
+                         f"{'-' if rate is None else f'{rate:.0%}'} |")
+        survivors = ", ".join(f"`{r['id']}`" for r in data.get("survivors", [])) or "none"
+        lines += ["", f"Survivors in {data['_file']}: {survivors}."]
+    return lines
+
+
 def sizes_section(files: list[dict]) -> list[str]:
     """benchmarks/digits_sizes.py: the README's main job (`ampkit compare`, digits) at several model sizes."""
     sources = Sources()
@@ -512,6 +532,8 @@ def render(results: list[dict] | None = None) -> str:
         out += migrate_section(by_kind["migrate"]) + [""]
     if by_kind.get("judges"):
         out += judges_section(by_kind["judges"]) + [""]
+    if by_kind.get("mutation"):
+        out += mutation_section(by_kind["mutation"]) + [""]
     if by_kind.get("distributed"):
         out += distributed_section(by_kind["distributed"]) + [""]
     if by_kind.get("doctor"):

@@ -284,3 +284,46 @@ def test_a_closed_engine_refuses_to_train_and_drops_its_hook():
         amp.backward(_loss(model, 2))
     opt.step()  # the hook is gone: a closed engine judges nothing
     assert amp.stats()["steps"] == 1 and amp.state_dict()["steps"] == 1
+
+
+def _two_groups(fused):
+    model = _net()
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    return model, torch.optim.AdamW([{"params": first}, {"params": second}], lr=1e-3, fused=fused)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_nan_learning_rate_in_a_later_param_group_is_refused(fused):
+    """Every param group is checked, not only the first (issue 47: a guard of group 0 wrote NaN weights)."""
+    model, opt = _two_groups(fused)
+    amp = MixedPrecision("fp16")
+    amp.backward(_loss(model, 0))
+    amp.step(opt)
+    opt.param_groups[1]["lr"] = float("nan")
+    amp.backward(_loss(model, 1))
+    before = _weights(model)
+    with pytest.raises(AmpkitError, match=r"learning rate of AdamW param group 1 to nan"):
+        amp.step(opt)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["device-table", "host"])
+def test_a_scheduler_nan_in_a_later_param_group_is_named(fused):
+    model, opt = _two_groups(fused)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda s: 1.0, lambda s: float("nan") if s >= 3 else 1.0])
+    amp = MixedPrecision("fp16")
+    with pytest.raises(AmpkitError, match=r"param group 1 to nan"):
+        for i in range(10):
+            amp.backward(_loss(model, i))
+            amp.step(opt, scheduler=sched)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_an_infinite_learning_rate_is_refused():
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp = MixedPrecision("fp16")
+    opt.param_groups[0]["lr"] = float("inf")
+    amp.backward(_loss(model, 0))
+    with pytest.raises(AmpkitError, match=r"learning rate of SGD param group 0 to inf"):
+        amp.step(opt)

@@ -111,6 +111,22 @@ def test_fix_check_holds(overflow_run, tmp_path):
     assert "first bad step 31 (forward)" in stdout and "holds" in stdout
 
 
+def test_fix_check_counts_a_skip_at_the_bad_step_itself(overflow_run):
+    """A module that is not the cause (fc2 in FP32; mix still overflows): the bad step 31 is skipped again,
+    and that skip is the first the check reports (issue 47: a check from the step after hid it)."""
+    from ampkit.checkpoint.dcp import RunCheckpoints
+    from ampkit.diagnose.replay import _choose_checkpoint, _fix_check
+    from ampkit.training.record import read_record
+
+    out, _, _ = overflow_run
+    record = read_record(out)
+    ckpts = RunCheckpoints(out / "checkpoints", keep=10**9, sharded=False)
+    ck_step, ck_path, target = _choose_checkpoint(ckpts, record, None)
+    assert (ck_step, target) == (30, 31)
+    check = _fix_check(record, None, ckpts.folder, ck_path, False, ck_step, target, "fc2", 2)
+    assert check["skipped_steps"][0] == 31 and check["holds"] is False
+
+
 def test_replay_at_a_step_and_without_a_halt_record(overflow_run, tmp_path):
     out, _, _ = overflow_run
     r = replay_run(f"{out}", step=31)

@@ -320,3 +320,35 @@ def test_as_pairs_finds_what_the_regular_expression_finds():
     assert as_pairs("import torch.cuda.amp as amp, x as y\nhas z", dotted=True) == [("torch.cuda.amp", "amp"),
                                                                                    ("x", "y")]
     assert as_pairs("import pandas as pd") == [("pandas", "pd")]
+
+
+SHARED = '''import os
+
+def train(model, opt, data):
+    a = 1
+    b = 2
+    from torch.amp import autocast; c = 3
+    d = 4
+    scaler = GradScaler()
+    f = 6
+    return a
+'''
+
+
+def test_an_import_sharing_a_line_is_kept_with_its_line():
+    """`from torch... import x; c = 3`: the statements of one line stand or fall together, kept when any is."""
+    sk = skeleton.build(SHARED, ast.parse(SHARED), ["GradScaler"], most=1.0)
+    assert sk is not None and "    from torch.amp import autocast; c = 3\n" in sk.text
+    assert "a = 1" not in sk.text and "scaler = GradScaler()" in sk.text
+    assert skeleton.splice(sk.text, sk) == SHARED
+
+
+def test_splice_rejects_a_doubled_and_a_lost_placeholder():
+    sk = skeleton.build(SHARED, ast.parse(SHARED), ["GradScaler"], most=1.0)
+    assert len(sk.pieces) == 3
+    doubled_and_lost = sk.text.replace(f"# {skeleton.MARK}:1\n", f"# {skeleton.MARK}:0\n")
+    assert doubled_and_lost != sk.text and skeleton.splice(doubled_and_lost, sk) is None
+    lost = sk.text.replace(f"    pass  # {skeleton.MARK}:2\n", "")
+    assert skeleton.splice(lost, sk) is None
+    moved = sk.text.replace(f"    pass  # {skeleton.MARK}:1\n", f"    x = 1; pass  # {skeleton.MARK}:1\n")
+    assert skeleton.splice(moved, sk) is None

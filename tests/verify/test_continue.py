@@ -23,7 +23,8 @@ JUDGED = ("verdict", "effects", "curves", "final_metric", "band", "skipped", "sc
 
 def _compare(out, seeds, **kw):
     kw.setdefault("precision", "bf16")
-    return ampkit.compare(TOY_SPEC, seeds=seeds, steps=12, log_every=3, device="cpu", run_audit=False, out=out,
+    kw.setdefault("steps", 12)
+    return ampkit.compare(TOY_SPEC, seeds=seeds, log_every=3, device="cpu", run_audit=False, out=out,
                           graph=False, **kw)
 
 
@@ -52,6 +53,7 @@ def test_a_continued_comparison_is_the_one_run_at_once(tmp_path, precision):
     ({"task_options": {"hidden": 16}}, "task"),
     ({"precision": "fp16"}, "dtype"),
     ({"fp32_modules": "0"}, "fp32_modules"),
+    ({"steps": 24}, "steps: 12 there, 24 now"),  # issue 47: 12- and 24-step runs are not one experiment
 ])
 def test_other_settings_are_refused_and_the_folder_is_untouched(tmp_path, change, named):
     _compare(tmp_path / "c", 2)
@@ -118,3 +120,22 @@ def test_an_inconclusive_summary_gives_the_continue_command(tmp_path, capsys):
     assert "--seeds 7 --continue trains only the 5 missing seeds" in capsys.readouterr().out
     _summary(replace(result, verdict="inconclusive", effects=effects, continuation=None))  # compare SCRIPT
     assert "--continue" not in capsys.readouterr().out
+
+
+def _record(precision):
+    return {"precision": precision, "metric": "accuracy", "final": 0.9, "wall_s": 1.0, "steps": 4, "skipped": 0,
+            "final_loss": 0.5, "history": [{"step": 4, "loss": 0.5}], "samples_per_s": 10.0, "peak_mem_bytes": None,
+            "warnings": [], "step_graph": False, "step_graph_fallback": None}
+
+
+def test_recorded_runs_of_other_seeds_per_side_are_refused(tmp_path):
+    """A compare.json whose FP32 and AMP runs are not of the same seeds is never judged as pairs."""
+    data = {"task": "toy", "continuation": {"schema": 1, "settings": {"steps": 4}, "runs": {
+        "fp32": {"0": _record("fp32"), "1": _record("fp32")}, "amp": {"0": _record("bf16")}}}}
+    (tmp_path / "compare.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="not of the same seeds"):
+        load_prior(tmp_path, {"steps": 4})
+    data["continuation"]["runs"]["amp"]["1"] = _record("bf16")
+    (tmp_path / "compare.json").write_text(json.dumps(data))
+    runs = load_prior(tmp_path, {"steps": 4})
+    assert set(runs["amp"]) == {0, 1} and runs["amp"][1].final == 0.9

@@ -22,9 +22,11 @@ from typing import Any
 from ampkit.children import run_tied
 from ampkit.errors import UsageError
 
-__all__ = ["ScriptRun", "run_script", "check_script", "main"]
+__all__ = ["ScriptRun", "run_script", "check_script", "main", "STOPPED_BY"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+#: How a run's ``stopped`` begins when a signal stopped it ("stopped by SIGINT"): the caller judges no such run.
+STOPPED_BY = "stopped by SIG"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +129,7 @@ def _refuse(rec: dict[str, Any], script: str, mode: str, seed: int, folder: Path
         where = f" at {rec['where']}" if rec.get("where") else ""
         raise UsageError(f"{script} failed in the {_label(mode, seed)}{where}: {rec['error']} (the script's own "
                          f"error; its output and traceback: {folder}/stderr.txt)")
-    if rec["steps"] == 0:
+    if rec["steps"] == 0 and not rec["stopped"].startswith(STOPPED_BY):
         raise UsageError(f"{script} {rec['stopped']} without an optimizer step ({_label(mode, seed)}): compare judges "
                          f"the losses of its optimizer.step() / scaler.step() calls; check its arguments (epochs, "
                          f"max_steps, data) and that it trains in this process")
@@ -174,6 +176,8 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
         rec["stopped"] = str(stop)
     except Refusal as refusal:
         rec["refusal"] = str(refusal)
+    except KeyboardInterrupt:  # Ctrl-C reached the script: a stop, not the script's error (never judged)
+        rec["stopped"] = "stopped by SIGINT"
     except SystemExit as exc:
         if exc.code not in (None, 0):
             rec["error"] = f"sys.exit({exc.code!r})"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import signal
 import statistics
 import tempfile
 import time
@@ -28,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ampkit.checkpoint import prepare_folder
 from ampkit.device import parse_device
-from ampkit.diagnose.script_run import ScriptRun, check_script, run_script
+from ampkit.diagnose.script_run import STOPPED_BY, ScriptRun, check_script, run_script
 from ampkit.errors import UsageError
 from ampkit.device.policy import bf16_advice
 from ampkit.verify.band import MARGINS, RunOutcome
@@ -182,6 +183,7 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
                 with _stopped_in(f"run {count} of {2 * len(seed_list)}", count - 1, "the running one stopped"):
                     run = run_script(full, list(args), mode=side, seed=seed, folder=base / f"{side}-seed{seed}",
                                      precision=forced, steps=steps)
+                    _not_stopped(run)
                 runs[side][seed] = run
                 emit({"event": "run_end", "run": count, "runs": 2 * len(seed_list), "seed": seed, "precision": side,
                       "wall_s": run.wall_s, "metric": metric_name(metric), "value": _safe_last(run),
@@ -212,6 +214,14 @@ def _stopped_in(where: str, finished: int, running: str) -> Iterator[None]:
     except Interrupted as stop:
         runs = f"{finished} run{'s' if finished != 1 else ''} finished"
         raise Interrupted(stop.signum, f"during {where} ({runs}, {running})") from None
+
+
+def _not_stopped(run: ScriptRun) -> None:
+    """A run a signal stopped ("stopped by SIGINT") ends the comparison unjudged: :class:`Interrupted`."""
+    if run.stopped.startswith(STOPPED_BY):
+        name = run.stopped[len("stopped by "):].split()[0]
+        signum = signal.Signals.__members__.get(name, signal.SIGINT)
+        raise Interrupted(signum, f"during the {run.mode.upper()} run of seed {run.seed}")
 
 
 def _compile(metric: str | None) -> re.Pattern[str] | None:
