@@ -60,6 +60,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ampkit.verify.sequential import Looks
 from ampkit.verify.band import MAX_SKIP_SHARE, RunOutcome, band, hard_reasons, trainer_warnings
 from ampkit.verify.stats import ALPHA, POWER, Effect, paired_effect
 
@@ -194,9 +195,10 @@ def _final_harms(fp32, amp, seeds, metric: str, higher: bool) -> list[float]:
     return out
 
 
-def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | None, count: int | None
-               ) -> tuple[list[Effect], list[Effect], dict[str, Any]]:
-    """(verdict endpoints, curve windows, how the tolerances were chosen)."""
+def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | None, count: int | None,
+               looks: Looks | None = None) -> tuple[list[Effect], list[Effect], dict[str, Any]]:
+    """(verdict endpoints, curve windows, how the tolerances were chosen). With ``looks`` (``--seeds auto``) the
+    endpoints are judged at the sequential design's nominal levels (:mod:`ampkit.verify.sequential`)."""
     f_vals, a_vals = [fp32[s].final for s in seeds], [amp[s].final for s in seeds]
     loss_tol = TOLERANCE if tolerance is None else tolerance
     windows = _windows(fp32, amp, seeds, loss_tol)
@@ -205,14 +207,16 @@ def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | N
     how: dict[str, Any] = {"loss": f"{loss_tol:.3g} of the FP32 loss (at least {LOSS_SCALE_FLOOR:g} of its first "
                                    f"logged value) {'(default)' if tolerance is None else '(--tolerance)'}"}
     endpoints = []
+    a_pass, a_fail = (ALPHA, ALPHA / max(m, 1)) if looks is None else (looks.level(ALPHA), looks.level(ALPHA / max(m, 1)))
     if has_metric:
         tol, floor, how["metric"] = tolerances(metric, f_vals, a_vals, tolerance, count)
         endpoints.append(paired_effect(_final_harms(fp32, amp, seeds, metric, higher), tolerance=tol, floor=floor,
-                                       alpha_fail=ALPHA / m, name=f"final {metric}"))
+                                       alpha_pass=a_pass, alpha_fail=a_fail, name=f"final {metric}"))
     if windows:
         w = windows[-1]
-        endpoints.append(paired_effect(list(w.per_seed), tolerance=loss_tol, floor=LOSS_FLOOR, alpha_fail=ALPHA / m,
-                                       name=f"late training loss (steps {w.steps[0]}-{w.steps[1]})", steps=w.steps))
+        endpoints.append(paired_effect(list(w.per_seed), tolerance=loss_tol, floor=LOSS_FLOOR, alpha_pass=a_pass,
+                                       alpha_fail=a_fail, name=f"late training loss (steps {w.steps[0]}-{w.steps[1]})",
+                                       steps=w.steps))
     return endpoints, windows, how
 
 
@@ -278,8 +282,9 @@ def _metric_info(metric: str, higher: bool, fp32, amp, seeds, endpoints: list[Ef
 
 def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome], metric: str,
           higher_is_better: bool, bf16_advice: str | None = None, tolerance: float | None = None,
-          metric_count: int | None = None) -> Verdict:
-    """The verdict of the module docstring. ``fp32`` and ``amp`` map each seed to its run (paired by seed)."""
+          metric_count: int | None = None, looks: Looks | None = None) -> Verdict:
+    """The verdict of the module docstring. ``fp32`` and ``amp`` map each seed to its run (paired by seed).
+    ``looks``: this is one look of ``--seeds auto`` (:mod:`ampkit.verify.sequential`), judged at its nominal levels."""
     if tolerance is not None and not (isinstance(tolerance, (int, float)) and 0 < tolerance < math.inf):
         raise ValueError(f"tolerance must be a positive number, got {tolerance!r}")
     seeds = [s for s in fp32 if s in amp]
@@ -288,7 +293,7 @@ def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome]
     hard += collapse
     notes: list[str] = []
     endpoints, windows, how = ([], [], {}) if hard or not seeds else _endpoints(
-        fp32, amp, seeds, metric, higher_is_better, tolerance, metric_count)
+        fp32, amp, seeds, metric, higher_is_better, tolerance, metric_count, looks)
     reasons = list(hard)
     decisions = [e.decision for e in endpoints]
     reasons += [describe(e, label) for e in endpoints if e.decision != "pass"]
@@ -314,6 +319,8 @@ def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome]
     effects = {"method": "paired equivalence test (one-sided Student t over seeds)", "alpha": ALPHA, "power": POWER,
                "tolerance": how, "endpoints": [e.to_dict() for e in endpoints],
                "windows": [w.to_dict() for w in windows]}
+    if looks is not None:
+        effects["sequential"] = looks.to_dict()
     return Verdict(verdict=verdict, reasons=tuple(reasons), warnings=tuple(warnings), notes=tuple(notes),
                    band=band({s: r.curve for s, r in fp32.items()}),
                    final_metric=_metric_info(metric, higher_is_better, fp32, amp, seeds, endpoints), skipped=skipped,
