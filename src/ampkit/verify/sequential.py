@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ampkit.verify.stats import ALPHA, t_quantile
 
-__all__ = ["FIRST_LOOK", "MAX_SEEDS", "REPS", "Looks", "nominal_alpha", "crossing_rate", "run_until_decided"]
+__all__ = ["FIRST_LOOK", "MAX_SEEDS", "REPS", "Looks", "nominal_alpha", "crossing_rate", "run_until_decided",
+           "auto_looks", "stopped", "run_auto"]
 
 FIRST_LOOK = 3  # the first look: two seeds give a single degree of freedom, too wide to decide anything
 MAX_SEEDS = 12  # the default --max-seeds
@@ -121,3 +122,51 @@ def run_until_decided(seeds: list[int], *, looks: Looks, train: Callable[[int], 
             if verdict != "inconclusive":
                 return done, f"decided ({verdict}) after {len(done)} seeds"
     return done, f"undecided after --max-seeds {looks.last} seeds"
+
+
+def auto_looks(seeds: Any, max_seeds: int = MAX_SEEDS, resume: bool = False) -> Looks | None:
+    """The design of ``seeds="auto"`` (None for a fixed number or list of seeds), or the one-line UsageError."""
+    from ampkit.errors import UsageError
+
+    if not isinstance(seeds, str):
+        return None
+    if seeds != "auto":
+        raise UsageError(f"--seeds takes a number or 'auto', got {seeds!r}")
+    if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < FIRST_LOOK:
+        raise UsageError(f"--max-seeds must be an integer >= {FIRST_LOOK} (the first look), got {max_seeds!r}")
+    if resume:
+        raise UsageError("--continue adds seeds up to a fixed count: give --seeds N (more than the folder holds)")
+    return Looks(last=max_seeds)
+
+
+def stopped(verdict: Any, used: int, why: str) -> Any:
+    """The verdict of the last look with the seeds used and why adding them stopped (``effects["sequential"]``)."""
+    seq = {**verdict.effects.get("sequential", {}), "seeds_used": used, "stopped": why}
+    return replace(verdict, effects={**verdict.effects, "sequential": seq},
+                   notes=(*verdict.notes, f"--seeds auto: {used} seeds; {why}"))
+
+
+def run_auto(todo: Any, looks: Looks, *, run_all: Callable[[Any, int, int], dict[str, dict[int, Any]]],
+             decide: Callable[[Any, dict[str, dict[int, Any]]], str]) -> tuple[dict[str, dict[int, Any]], str]:
+    """``compare --seeds auto`` on a task: one seed pair at a time. ``todo`` is the comparison's
+    :class:`~ampkit.verify.runs.RunPlan` over every seed it may use, ``run_all(plan, first_run, total_runs)``
+    trains a plan's seeds in both precisions, ``decide(plan, runs)`` judges (at this look's levels). Returns
+    (the runs of the seeds used, why it stopped)."""
+    from ampkit.verify.band import seed_reasons
+    from ampkit.verify.runs import outcome
+
+    new: dict[str, dict[int, Any]] = {"fp32": {}, "amp": {}}
+
+    def train(seed: int) -> list[str]:
+        sub = replace(todo, seeds=(seed,), first_task=todo.first_task if seed == todo.seeds[0] else None)
+        got = run_all(sub, 2 * len(new["fp32"]) + 1, 2 * looks.last)
+        todo.graph = sub.graph  # graphs off for the rest when one precision could not be captured
+        for side in new:
+            new[side].update(got[side])
+        return seed_reasons(seed, outcome(got["amp"][seed]), todo.amp.name.upper())
+
+    def judge_now(seeds: list[int]) -> str:
+        return decide(replace(todo, seeds=tuple(seeds)), {side: {s: new[side][s] for s in seeds} for side in new})
+
+    used, why = run_until_decided(list(todo.seeds), looks=looks, train=train, decide=judge_now)
+    return {side: {s: new[side][s] for s in used} for side in new}, why
