@@ -292,6 +292,7 @@ def _summary(r) -> None:
 
     allowed = m.get("allowed")
     t.add_row(f"final {m['name']} (mean)", _num(m.get("fp32_mean")), _num(m.get("amp_mean")),
+              "not informative: the loss decides" if m.get("not_informative") else
               f"allowed {'>=' if m.get('higher_is_better') else '<='} "
               f"{_num(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
     t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", [])), span(m.get("amp", [])), "")
