@@ -35,6 +35,7 @@ from ampkit.verify.judge import judge
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
 from ampkit.verify.band import seed_reasons
 from ampkit.verify.prior import refuse_existing
+from ampkit.verify.script_speed import step_speed
 from ampkit.verify.sequential import MAX_SEEDS, Looks, auto_looks, run_until_decided, stopped
 
 __all__ = ["compare_script", "higher_is_better", "metric_name", "window_curve"]
@@ -257,10 +258,8 @@ def _assemble(script: str, args: list[str], runs: dict[str, dict[int, ScriptRun]
                  "GradScaler off; the loss of a step is the mean of what the script passed to backward")
     if name == "fp16" and not amp_has_scaler:
         notes.append("the FP16 runs had no enabled GradScaler: gradients can underflow to zero (fp16-without-scaler)")
-    sps = {side: statistics.median([r.steps / r.wall_s for r in rs.values()]) for side, rs in runs.items()}
-    speedup = sps["amp"] / sps["fp32"] if sps["fp32"] else None
-    notes.append("speed: optimizer steps per second of each whole run, process start and the script's own set-up "
-                 "included; measure throughput with the script's own timing")
+    perf = step_speed(runs, label)
+    notes.append(perf["note"])
     scale_trace = None
     if any(v is not None for r in runs["amp"].values() for v in r.scales):
         scale_trace = {s: [[i, v] for i, v in enumerate(r.scales, start=1) if v is not None]
@@ -280,9 +279,7 @@ def _assemble(script: str, args: list[str], runs: dict[str, dict[int, ScriptRun]
         device={"type": dev.type, "name": dev.name, "str": str(dev)}, versions=_versions(dev),
         curves={side: {s: o.curve for s, o in rs.items()} for side, rs in outcomes.items()},
         band=verdict.band, final_metric=verdict.final_metric, skipped={**verdict.skipped, "steps": steps},
-        throughput={"fp32": sps["fp32"], "amp": sps["amp"], "unit": "steps/s",
-                    "per_seed": {side: {s: r.steps / r.wall_s for s, r in rs.items()} for side, rs in runs.items()}},
-        memory={"fp32": None, "amp": None, "unit": "bytes"}, ratios={"speedup": speedup, "memory_saving": None},
+        throughput=perf["throughput"], memory=perf["memory"], ratios=perf["ratios"],
         scale_trace=scale_trace, audit=_audit_summary(audit), margins=dict(MARGINS),
         wall_s=time.perf_counter() - t0, source=source, effects=verdict.effects)
 
