@@ -72,14 +72,15 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     """Run ``python script *args`` once in a fresh process in ``mode`` (``"fp32"``/``"amp"``) with seed ``seed``.
 
     ``precision`` (``"bf16"``/``"fp16"``) forces the AMP runs' autocast dtype; ``steps`` stops the script after
-    that many optimizer steps; ``audit`` stops after the first step and keeps the recorder's result (``entry``: the
+    that many optimizer steps; ``audit`` lets the recorder stop the run (after the step it audits) and keeps its
+    result (``entry``: the
     child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
     Raises :class:`~ampkit.errors.UsageError` with one line when the script cannot be compared: it crashed
     (its own error line), it never took an optimizer step, or it does something switching cannot undo."""
     full = check_script(script)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    spec = {"script": full, "args": list(args), "mode": mode, "seed": seed, "steps": 1 if audit else steps,
+    spec = {"script": full, "args": list(args), "mode": mode, "seed": seed, "steps": None if audit else steps,
             "dtype": _DTYPES.get(precision or ""), "audit": audit, "out": str(folder / "run.json")}
     (folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
     result_file = Path(spec["out"])
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
     sw = Switch(mode=spec["mode"], seed=spec["seed"], dtype=dtype, steps=spec["steps"],
                 on_backward=recorder.on_backward if recorder else None, on_step=on_step)
     timer.switch = sw
+    if recorder is not None:
+        recorder.switch = sw
     sw.quiet = recorder.state if recorder else None
     rec: dict[str, Any] = {"refusal": None, "error": None, "where": None, "stopped": "finished"}
     user = UserCode(os.path.dirname(full))

@@ -150,7 +150,8 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         metric: a regular expression for a final metric the script prints (first group, last match).
         metric_mode: ``"max"`` / ``"min"``: which direction is better (default: :func:`higher_is_better`).
         out: write ``compare.json``, ``report.html``, the PNGs and each run's output (``runs/``) there.
-        run_audit: also record the dtype of every op of the script's first AMP step (one more 1-step run).
+        run_audit: also record the dtype of every op of the script's first step with autocast enabled (one more
+            run, stopped after that step).
         tolerance: the harm AMP may do, relative to FP32 (default 1 %): the paired judge of task comparisons.
 
     Raises :class:`~ampkit.errors.UsageError` (one line) for a missing script, a multi-process launch, a crash
@@ -300,7 +301,7 @@ def _judged(script: str, runs: dict[str, dict[int, ScriptRun]], regex: re.Patter
 
 
 def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
-    if audit is None:
+    if audit is None or "unrecorded" in audit:
         return None
     from ampkit.verify.audit import audit_from_dict
 
@@ -309,7 +310,8 @@ def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def audit_script(script: str, args: Sequence[str] = (), *, precision: str | None = None, mode: str = "amp"):
     """``ampkit audit SCRIPT``: the :class:`~ampkit.verify.audit.AuditResult` of the script's first optimizer
-    step (forward under its autocast, and its backward), recorded in a fresh process with seed 0. ``mode="fp32"``
+    step in which autocast is enabled (forward under its autocast, and its backward; an FP32 phase before it is
+    skipped), recorded in a fresh process with seed 0. ``mode="fp32"``
     audits the FP32 run of ``compare SCRIPT`` instead (every autocast and GradScaler switched off)."""
     from ampkit.verify.audit import audit_from_dict
 
@@ -320,4 +322,7 @@ def audit_script(script: str, args: Sequence[str] = (), *, precision: str | None
                          entry=AUDIT_ENTRY)
     if run.audit is None:
         raise UsageError(f"{script} took an optimizer step without running an nn.Module: nothing to audit")
+    if "unrecorded" in run.audit:
+        raise UsageError(f"{script} enables no autocast region: {run.audit['unrecorded']}; wrap its forward and loss "
+                         f"in torch.autocast(device_type, dtype=...)")
     return audit_from_dict(run.audit)
