@@ -10,7 +10,7 @@ from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg,
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:
-  ampkit compare                                   # digits, the device's low precision, 3 seeds
+  ampkit compare                                   # digits, the device's low precision, seeds until decided
   ampkit compare --precision fp16 --seeds 5        # judge FP16 against five FP32 seeds
   ampkit compare --task-arg size=small            # digits' CPU-sized model, also on a GPU
   ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
@@ -18,11 +18,11 @@ EXAMPLES = """examples:
   ampkit compare --task mytask.py:make_task --precision fp16 --explain
                                                    # on FAIL: which module adds the error, and the fix
   ampkit compare --precision fp16 --fp32-modules norm,preset:loss   # with FP32 regions, and their cost
-  ampkit compare --seeds 2 --steps 200 train.py --epochs 1          # YOUR script, unmodified: FP32 by switching
+  ampkit compare --steps 200 train.py --epochs 1   # YOUR script, unmodified: FP32 by switching
   ampkit compare --metric 'test accuracy ([0-9.]+)' train.py        # also judge a number the script prints
   ampkit compare --seeds 5 --tolerance 0.02      # accept up to 2 % worse than FP32, judged over 5 seeds
   ampkit compare --seeds 8 --out runs/compare --continue   # INCONCLUSIVE at 3 seeds: train seeds 3-7 only
-  ampkit compare --seeds auto --max-seeds 16      # add seeds until the verdict is decided (at most 16)
+  ampkit compare --max-seeds 16                   # add seeds until the verdict is decided, at most 16
 
 With SCRIPT, each run is `python SCRIPT ARGS` in a fresh process: FP32 runs with every autocast and GradScaler
 switched off, AMP runs as written (or --precision bf16/fp16 forcing autocast's dtype); ampkit's seeds replace
@@ -45,10 +45,10 @@ def register(sub, formatter_class):
     add_task_args(p)
     add_precision_arg(p)
     add_device_arg(p)
-    p.add_argument("--seeds", type=_seeds_arg, default=3, metavar="N|auto",
-                   help="seeds 0..N-1; each sharpens the verdict (one seed can fail or be inconclusive, never pass). "
-                        "auto: seeds are added until the verdict is decided, judged after each from the third on with "
-                        "sequential bounds that keep the 5%% error rates (at most --max-seeds)")
+    p.add_argument("--seeds", type=_seeds_arg, default="auto", metavar="N|auto",
+                   help="auto (the default): seeds 0, 1, ... are added until the verdict is decided, judged after "
+                        "each from the third on with sequential bounds that keep the 5%% error rates (at most "
+                        "--max-seeds); N: exactly seeds 0..N-1 (one seed can fail or be inconclusive, never pass)")
     p.add_argument("--max-seeds", type=int, default=None, metavar="M",
                    help="with --seeds auto: stop adding seeds after M, undecided (default 12)")
     p.add_argument("--tolerance", type=float, default=None, metavar="T",
