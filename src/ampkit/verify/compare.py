@@ -191,7 +191,8 @@ def _versions(dev: Device) -> dict[str, Any]:
 
 
 def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str = "auto",
-            seeds: int | str | Sequence[int] = 3, max_seeds: int = MAX_SEEDS, steps: int | None = None, log_every: int | None = None,
+            seeds: int | str | Sequence[int] = 3, max_seeds: int = MAX_SEEDS, steps: int | None = None,
+            log_every: int | None = None,
             device: Device | str | None = None, task_options: dict[str, Any] | None = None,
             lr: float | None = None, run_audit: bool = True, out: str | Path | None = None,
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,

@@ -62,12 +62,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampkit.verify.sequential import Looks
 from ampkit.verify.band import MAX_SKIP_SHARE, RunOutcome, band, hard_reasons, trainer_warnings
+from ampkit.verify.sequential import Looks
 from ampkit.verify.stats import ALPHA, POWER, Effect, paired_effect
 
-__all__ = ["judge", "Verdict", "tolerances", "uninformative", "infer_count", "TOLERANCE", "LOSS_SCALE_FLOOR", "LOSS_FLOOR", "WINDOWS", "ALPHA",
-           "SETTINGS"]
+__all__ = ["judge", "Verdict", "tolerances", "uninformative", "infer_count", "TOLERANCE", "LOSS_SCALE_FLOOR",
+           "LOSS_FLOOR", "WINDOWS", "ALPHA", "SETTINGS"]
 
 TOLERANCE = 0.01
 LOSS_SCALE_FLOOR = 0.1
@@ -237,7 +237,9 @@ def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | N
         has_metric, how["metric_not_informative"] = False, why
     m = (1 if windows else 0) + (1 if has_metric else 0)
     endpoints = []
-    a_pass, a_fail = (ALPHA, ALPHA / max(m, 1)) if looks is None else (looks.level(ALPHA), looks.level(ALPHA / max(m, 1)))
+    a_pass, a_fail = ALPHA, ALPHA / max(m, 1)
+    if looks is not None:  # one look of --seeds auto: the design's nominal levels (ampkit.verify.sequential)
+        a_pass, a_fail = looks.level(a_pass), looks.level(a_fail)
     if has_metric:
         tol, floor, how["metric"] = tolerances(metric, f_vals, a_vals, tolerance, count)
         endpoints.append(paired_effect(_final_harms(fp32, amp, seeds, metric, higher), tolerance=tol, floor=floor,

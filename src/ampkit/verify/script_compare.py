@@ -135,7 +135,8 @@ def _amp_label(runs: dict[int, ScriptRun], script: str) -> tuple[str, str]:
 
 
 def compare_script(script: str, args: Sequence[str] = (), *, precision: str | None = None,
-                   seeds: int | str | Sequence[int] = 3, max_seeds: int = MAX_SEEDS, steps: int | None = None, log_every: int | None = None,
+                   seeds: int | str | Sequence[int] = 3, max_seeds: int = MAX_SEEDS, steps: int | None = None,
+                   log_every: int | None = None,
                    metric: str | None = None, metric_mode: str | None = None, out: str | Path | None = None,
                    run_audit: bool = True, progress: Progress | None = None,
                    tolerance: float | None = None) -> CompareResult:
@@ -295,8 +296,8 @@ def _judged(script: str, runs: dict[str, dict[int, ScriptRun]], regex: re.Patter
     outcomes = {side: {s: _outcome(r, every, finals[side][s], dev_type) for s, r in rs.items()}
                 for side, rs in runs.items()}
     verdict = judge(label=name.upper(), fp32=outcomes["fp32"], amp=outcomes["amp"], metric=metric_name(metric),
-                    higher_is_better=higher, bf16_advice=bf16_advice(parse_device(dev_type)) if name == "fp16" else None,
-                    tolerance=tolerance, looks=looks)
+                    higher_is_better=higher, tolerance=tolerance, looks=looks,
+                    bf16_advice=bf16_advice(parse_device(dev_type)) if name == "fp16" else None)
     return verdict, outcomes, every, steps
 
 

@@ -29,7 +29,8 @@ def _ms(v: float) -> str:
 
 
 def step_speed(runs: dict[str, dict[int, Any]], label: str) -> dict[str, Any]:
-    """``{"throughput", "memory", "ratios", "note"}`` of a script comparison's runs (``ScriptRun`` per side and seed)."""
+    """``{"throughput", "memory", "ratios", "note"}`` of a script comparison's runs (a ``ScriptRun`` per side and
+    seed)."""
     steady = {side: {s: steady_ms(r.step_ms) for s, r in rs.items()} for side, rs in runs.items()}
     peaks = {side: [r.peak_bytes for r in rs.values()] for side, rs in runs.items()}
     peak = {side: (max(v) if v and all(x is not None for x in v) else None) for side, v in peaks.items()}
