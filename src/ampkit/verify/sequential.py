@@ -18,8 +18,8 @@ the same levels on every machine) and the level is bisected to ``alpha`` minus t
 level, keep their rates when both are used. The floor on the spread (a counting error, a loss resolution) only
 widens the bounds.
 
->>> round(nominal_alpha(0.05, 3, 12), 4)   # each of the 10 looks at about 1.3 % instead of 5 %  # doctest: +SKIP
-0.0131
+>>> round(nominal_alpha(0.05, 3, 12), 4)   # each of the 10 looks at 1.18 % instead of 5 %
+0.0118
 """
 
 from __future__ import annotations
