@@ -51,6 +51,8 @@ def kind_of(data: dict) -> str:
         return "sizes"  # benchmarks/digits_sizes.py: the main job at several model sizes
     if data.get("kind") == "verdict-calibration" and isinstance(data.get("tasks"), dict):
         return "calibration"  # benchmarks/verdict_calibration.py: how often the compare verdict is wrong
+    if data.get("kind") == "sequential-verdict-calibration" and isinstance(data.get("real"), dict):
+        return "sequential"  # benchmarks/sequential_calibration.py: compare --seeds auto against fixed seeds
 
     if data.get("kind") == "migrate-speed" and isinstance(data.get("runs"), list):
         return "migrate"  # benchmarks/migrate_speed.py: CPU time of `ampkit migrate` against ast.parse
@@ -487,6 +489,31 @@ def calibration_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def sequential_section(files: list[dict]) -> list[str]:
+    """benchmarks/sequential_calibration.py: compare --seeds auto against 3 and 5 fixed seeds."""
+    sources = Sources()
+    lines = ["## `compare --seeds auto` against fixed seeds (`benchmarks/sequential_calibration.py`)", "",
+             "Pass / fail rates (and for auto the mean seeds used, at most 12) on simulated independent seeds and on "
+             "random orders of real pools of seeds (CPU, BF16, tolerance 1 %); harms planted on the AMP loss in "
+             "units of the tolerance.", "",
+             "| part | case | auto: pass / fail, mean seeds | 3 seeds: pass / fail | 5 seeds: pass / fail | source |",
+             "|---|---|---|---|---|---|"]
+
+    def row(part: str, case: str, v: dict, ref: str) -> str:
+        a, f3, f5 = v["auto"], v["fixed_3"], v["fixed_5"]
+        return (f"| {part} | {case} | {a['pass_rate']:.3f} / {a['fail_rate']:.3f}, {a['mean_seeds']:.2f} | "
+                f"{f3['pass_rate']:.3f} / {f3['fail_rate']:.3f} | {f5['pass_rate']:.3f} / {f5['fail_rate']:.3f} | {ref} |")
+
+    for data in sorted(files, key=lambda d: _date(d)):
+        ref = sources.ref(data)
+        lines += [row("simulated", case, v, ref) for case, v in data.get("simulated", {}).items()]
+        for task, t in data["real"].items():
+            lines += [row(f"real {task} ({t['pool']} seeds)", case, v, ref) for case, v in t["conditions"].items()]
+    lines += [""] + sources.render(lambda d: "`python benchmarks/sequential_calibration.py`; design crossing rate "
+                                             f"{d['design']['0.05']['crossing_rate']:.4f} at 5 %")
+    return lines
+
+
 def render(results: list[dict] | None = None) -> str:
     results = load_results() if results is None else results
     by_kind: dict[str, list[dict]] = {}
@@ -527,6 +554,8 @@ def render(results: list[dict] | None = None) -> str:
         out += sizes_section(by_kind["sizes"]) + [""]
     if by_kind.get("calibration"):
         out += calibration_section(by_kind["calibration"]) + [""]
+    if by_kind.get("sequential"):
+        out += sequential_section(by_kind["sequential"]) + [""]
 
     if by_kind.get("migrate"):
         out += migrate_section(by_kind["migrate"]) + [""]

@@ -11,7 +11,7 @@ from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg,
 from ampkit.cli.train import add_task_args
 
 EXAMPLES = """examples:
-  ampkit compare                                   # digits, the device's low precision, 3 seeds
+  ampkit compare                                   # digits, the device's low precision, seeds until decided
   ampkit compare --precision fp16 --seeds 5        # judge FP16 against five FP32 seeds
   ampkit compare --task-arg size=small            # digits' CPU-sized model, also on a GPU
   ampkit compare --task mytask.py:make_task --steps 500 --out runs/mine
@@ -19,10 +19,11 @@ EXAMPLES = """examples:
   ampkit compare --task mytask.py:make_task --precision fp16 --explain
                                                    # on FAIL: which module adds the error, and the fix
   ampkit compare --precision fp16 --fp32-modules norm,preset:loss   # with FP32 regions, and their cost
-  ampkit compare --seeds 2 --steps 200 train.py --epochs 1          # YOUR script, unmodified: FP32 by switching
+  ampkit compare --steps 200 train.py --epochs 1   # YOUR script, unmodified: FP32 by switching
   ampkit compare --metric 'test accuracy ([0-9.]+)' train.py        # also judge a number the script prints
   ampkit compare --seeds 5 --tolerance 0.02      # accept up to 2 % worse than FP32, judged over 5 seeds
   ampkit compare --seeds 8 --out runs/compare --continue   # INCONCLUSIVE at 3 seeds: train seeds 3-7 only
+  ampkit compare --max-seeds 16                   # add seeds until the verdict is decided, at most 16
 
 With SCRIPT, each run is `python SCRIPT ARGS` in a fresh process: FP32 runs with every autocast and GradScaler
 switched off, AMP runs as written (or --precision bf16/fp16 forcing autocast's dtype); ampkit's seeds replace
@@ -45,8 +46,12 @@ def register(sub, formatter_class):
     add_task_args(p)
     add_precision_arg(p)
     add_device_arg(p)
-    p.add_argument("--seeds", type=int, default=3, metavar="N",
-                   help="seeds 0..N-1; each sharpens the verdict (one seed can fail or be inconclusive, never pass)")
+    p.add_argument("--seeds", type=_seeds_arg, default="auto", metavar="N|auto",
+                   help="auto (the default): seeds 0, 1, ... are added until the verdict is decided, judged after "
+                        "each from the third on with sequential bounds that keep the 5%% error rates (at most "
+                        "--max-seeds); N: exactly seeds 0..N-1 (one seed can fail or be inconclusive, never pass)")
+    p.add_argument("--max-seeds", type=int, default=None, metavar="M",
+                   help="with --seeds auto: stop adding seeds after M, undecided (default 12)")
     p.add_argument("--tolerance", type=float, default=None, metavar="T",
                    help="the harm you accept, relative to FP32 (default 0.01 = 1%%; for an accuracy at least one "
                         "test example)")
@@ -93,6 +98,24 @@ _TASK_ONLY = (("task", "digits"), ("task_arg", []), ("lr", None), ("fp32_modules
               ("fp8_layers", "paying"), ("resume", False), ("weights", "fp32"))
 
 
+def _seeds_arg(text: str):
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of seeds or 'auto', got {text!r}") from None
+
+
+def _max_seeds(args) -> int:
+    from ampkit.errors import UsageError
+    from ampkit.verify.sequential import MAX_SEEDS
+
+    if args.max_seeds is not None and args.seeds != "auto":
+        raise UsageError("--max-seeds bounds --seeds auto: add --seeds auto, or drop --max-seeds")
+    return MAX_SEEDS if args.max_seeds is None else args.max_seeds
+
+
 def _run_script(args) -> int:
     from ampkit.errors import UsageError
     from ampkit.verify.script_compare import compare_script
@@ -114,6 +137,7 @@ def _run_script(args) -> int:
     with stop_on_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)), \
             _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
         result = compare_script(args.script, args.script_args, precision=args.precision, seeds=args.seeds,
+                                max_seeds=_max_seeds(args),
                                 steps=args.steps, log_every=args.log_every, metric=args.metric,
                                 metric_mode=args.metric_mode, out=args.out, run_audit=not args.no_audit, progress=bar,
                                 tolerance=args.tolerance)
@@ -148,7 +172,7 @@ def run(args) -> int:
 
     if args.tolerance is not None and not 0 < args.tolerance < float("inf"):
         raise UsageError(f"--tolerance must be a positive fraction, e.g. 0.01 for 1 %, got {args.tolerance}")
-    if args.seeds < 1:
+    if isinstance(args.seeds, int) and args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
@@ -168,7 +192,8 @@ def run(args) -> int:
     from ampkit.verify.interrupt import stop_on_signals
 
     with stop_on_signals(), _Progress(enabled=not args.json and sys.stderr.isatty(), quiet=args.json) as bar:
-        result = compare(args.task, precision=args.precision, seeds=args.seeds, steps=args.steps,
+        result = compare(args.task, precision=args.precision, seeds=args.seeds, max_seeds=_max_seeds(args),
+                         steps=args.steps,
                          log_every=args.log_every, device=args.device, task_options=parse_task_args(args.task_arg),
                          lr=args.lr, run_audit=not args.no_audit, out=args.out, progress=bar,
                          fp32_modules=args.fp32_modules, explain=args.explain, explain_budget=budget,
@@ -276,6 +301,7 @@ def _summary(r) -> None:
 
     allowed = m.get("allowed")
     t.add_row(f"final {m['name']} (mean)", _num(m.get("fp32_mean")), _num(m.get("amp_mean")),
+              "not informative: the loss decides" if m.get("not_informative") else
               f"allowed {'>=' if m.get('higher_is_better') else '<='} "
               f"{_num(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
     t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", [])), span(m.get("amp", [])), "")

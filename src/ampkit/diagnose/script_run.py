@@ -50,6 +50,8 @@ class ScriptRun:
     cpu_s: float
     audit: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)  # each interval between two optimizer steps (StepTimer)
+    peak_bytes: int | None = None  # peak device memory of the run's process (None on the CPU)
 
 
 def check_script(path: str, what: str = "compare") -> str:
@@ -73,14 +75,15 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     """Run ``python script *args`` once in a fresh process in ``mode`` (``"fp32"``/``"amp"``) with seed ``seed``.
 
     ``precision`` (``"bf16"``/``"fp16"``) forces the AMP runs' autocast dtype; ``steps`` stops the script after
-    that many optimizer steps; ``audit`` stops after the first step and keeps the recorder's result (``entry``: the
+    that many optimizer steps; ``audit`` lets the recorder stop the run (after the step it audits) and keeps its
+    result (``entry``: the
     child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
     Raises :class:`~ampkit.errors.UsageError` with one line when the script cannot be compared: it crashed
     (its own error line), it never took an optimizer step, or it does something switching cannot undo."""
     full = check_script(script)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    spec = {"script": full, "args": list(args), "mode": mode, "seed": seed, "steps": 1 if audit else steps,
+    spec = {"script": full, "args": list(args), "mode": mode, "seed": seed, "steps": None if audit else steps,
             "dtype": _DTYPES.get(precision or ""), "audit": audit, "out": str(folder / "run.json")}
     (folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
     result_file = Path(spec["out"])
@@ -110,7 +113,8 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     return ScriptRun(mode=mode, seed=seed, steps=rec["steps"], losses=rec["losses"], skipped=rec["skipped"],
                      scales=rec["scales"], stopped=rec["stopped"], autocast=rec["autocast"], scalers=rec["scalers"],
                      scaler_enabled=rec["scaler_enabled"], stdout=stdout, folder=str(folder), wall_s=wall,
-                     cpu_s=rec["cpu_s"], audit=rec.get("audit"))
+                     cpu_s=rec["cpu_s"], audit=rec.get("audit"), step_ms=rec.get("step_ms") or [],
+                     peak_bytes=rec.get("peak_bytes"))
 
 
 def _label(mode: str, seed: int) -> str:
@@ -156,8 +160,20 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
     c0 = time.process_time()
     full = spec["script"]
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
+    from ampkit.diagnose.step_timer import StepTimer
+
+    timer = StepTimer()
+
+    def on_step(step: int) -> None:
+        timer.on_step(step)
+        if recorder is not None:
+            recorder.on_step(step)
+
     sw = Switch(mode=spec["mode"], seed=spec["seed"], dtype=dtype, steps=spec["steps"],
-                on_backward=recorder.on_backward if recorder else None, on_step=recorder.on_step if recorder else None)
+                on_backward=recorder.on_backward if recorder else None, on_step=on_step)
+    timer.switch = sw
+    if recorder is not None:
+        recorder.switch = sw
     sw.quiet = recorder.state if recorder else None
     rec: dict[str, Any] = {"refusal": None, "error": None, "where": None, "stopped": "finished"}
     user = UserCode(os.path.dirname(full))
@@ -189,8 +205,9 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
             rec["where"] = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
         print(script_traceback(exc, user.is_user_file), file=sys.stderr)
     sys.stdout.flush()
+    timing = timer.result()
     rec.update(steps=sw.step, autocast=sorted(sw.autocast_seen), scalers=sw.scalers, scaler_enabled=sw.scaler_enabled,
-               **sw.read(), cpu_s=time.process_time() - c0)
+               **sw.read(), cpu_s=time.process_time() - c0, step_ms=timing["step_ms"], peak_bytes=timing["peak_bytes"])
     if recorder is not None and not rec["refusal"] and not rec["error"]:
         rec["audit"] = recorder.result(sw)
     Path(spec["out"]).write_text(json.dumps(rec, default=str) + "\n", encoding="utf-8")

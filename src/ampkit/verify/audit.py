@@ -180,7 +180,7 @@ def _surprises(records: list[OpRecord], model: nn.Module, precision: Precision) 
         return found
     seen: set[tuple[str, str]] = set()
     for r in records:
-        if r.phase != "forward" or r.category == "cast":
+        if r.phase != "forward" or r.category == "cast" or r.by_rule:  # by_rule: torch's own choice (record.py)
             continue
         where = f"{r.module_type} '{r.module}'" if r.module_type else r.module
         if r.matmul and r.category in ("fp32", "fp64", "promoted") and (r.module, "mm") not in seen:

@@ -46,6 +46,7 @@ from ampkit.verify.prior import SCHEMA, load_prior, refuse_existing, run_record,
 from ampkit.verify.result import CompareResult
 from ampkit.training.speed import describe, speed_ratio
 from ampkit.verify.runs import Run, RunPlan, median, outcome
+from ampkit.verify.sequential import MAX_SEEDS, Looks, auto_looks, run_auto, stopped
 
 __all__ = ["compare", "CompareResult", "judge_runs", "write_outputs"]
 
@@ -100,8 +101,8 @@ def _fp32_modules(value: Any) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------- running
-def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress, notes: list[str]
-             ) -> dict[str, dict[int, Run]]:
+def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress, notes: list[str], first: int = 1,
+             total: int | None = None) -> dict[str, dict[int, Run]]:
     """Every seed in FP32 and then in the AMP precision from the same initial weights.
 
     Both precisions train the same way: where one replayed its step as a device graph and the other could not
@@ -109,8 +110,8 @@ def _run_all(plan: RunPlan, fp32_modules: tuple[str, ...], emit: Progress, notes
     rest run eagerly, so the speed-up compares precisions, not launch overheads; ``notes`` says why.
     """
     runs: dict[str, dict[int, Run]] = {"fp32": {}, "amp": {}}
-    total = 2 * len(plan.seeds)
-    count = itertools.count(1)
+    total = total or 2 * len(plan.seeds)  # run numbers first.. of total (--seeds auto: one seed per call)
+    count = itertools.count(first)
 
     def one(seed: int, side: str) -> None:
         prec = plan.fp32 if side == "fp32" else plan.amp
@@ -190,7 +191,8 @@ def _versions(dev: Device) -> dict[str, Any]:
 
 
 def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str = "auto",
-            seeds: int | Sequence[int] = 3, steps: int | None = None, log_every: int | None = None,
+            seeds: int | str | Sequence[int] = 3, max_seeds: int = MAX_SEEDS, steps: int | None = None,
+            log_every: int | None = None,
             device: Device | str | None = None, task_options: dict[str, Any] | None = None,
             lr: float | None = None, run_audit: bool = True, out: str | Path | None = None,
             progress: Progress | None = None, fp32_modules: Any = None, explain: bool = False,
@@ -205,7 +207,9 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
         precision: the AMP precision to judge (``"auto"``: the device's recommended low precision), or a
             resolved :class:`~ampkit.device.policy.Precision` (then its device is used and ``device`` ignored).
         seeds: how many seeds (0..N-1), or the seeds themselves. The verdict sharpens with every seed;
-            one seed can fail or be inconclusive, never pass.
+            one seed can fail or be inconclusive, never pass. ``"auto"``: seeds 0, 1, ... until the verdict is
+            decided, judged after each from the third on with sequential bounds (:mod:`ampkit.verify.sequential`),
+            at most ``max_seeds``; ``effects["sequential"]`` says how many were used and why it stopped.
         steps: optimizer steps per run (default: the task's ``default_steps``).
         log_every: steps per point of the loss curves (default: about 40 points per curve).
         tolerance: the harm you accept, relative to the FP32 value (default 1 %, at least one counting
@@ -241,8 +245,10 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
     emit = progress or (lambda ev: None)
     _check_numbers(explain_budget, explain_factor, tolerance)
     refuse_existing(out, resume=resume)
-    plan, regions, region_names = _plan(task_factory, precision, device, task_options, seeds, steps, log_every, lr,
-                                        graph, fp32_modules, out)
+    looks = auto_looks(seeds, max_seeds, resume)
+    plan, regions, region_names = _plan(task_factory, precision, device, task_options,
+                                        seeds if looks is None else looks.last, steps, log_every, lr, graph,
+                                        fp32_modules, out)
     plan.fp8_recipe, plan.fp8_layers, plan.weights = fp8_recipe, fp8_layers, weights
     key = settings(task_spec=task_factory, task=plan.first_task, task_options=task_options, amp=plan.amp,
                    steps=plan.steps, log_every=plan.log_every, lr=lr, fp32_modules=regions, graph=graph,
@@ -258,11 +264,20 @@ def compare(task_factory: TaskFactory = "digits", *, precision: Precision | str 
                    first_task=plan.first_task if plan.seeds[0] not in prior["fp32"] else None)
     emit({"event": "compare_start", "runs": 2 * len(todo.seeds), "task": plan.first_task.name,
           "precision": plan.amp.name, "reason": plan.amp.reason, "device": str(plan.amp.device), "steps": plan.steps,
-          "seeds": list(todo.seeds), "fp32_modules": list(regions)})
-    new = _run_all(todo, regions, emit, run_notes) if todo.seeds else {"fp32": {}, "amp": {}}
+          "seeds": list(todo.seeds) if looks is None else f"auto ({looks.first} to {looks.last})",
+          "fp32_modules": list(regions)})
+    if looks is None:
+        new = _run_all(todo, regions, emit, run_notes) if todo.seeds else {"fp32": {}, "amp": {}}
+    else:
+        new, stop = run_auto(todo, looks, run_all=lambda sub, first, total: _run_all(sub, regions, emit, run_notes,
+                                                                                    first, total),
+                             decide=lambda sub, part: judge_runs(sub, part, tolerance, looks=looks).verdict)
+        plan.seeds = tuple(new["fp32"])
     plan.graph = todo.graph  # _run_all turns graphs off when one precision could not be captured
     runs = {side: {s: (prior[side] | new[side])[s] for s in plan.seeds} for side in ("fp32", "amp")}
-    verdict = judge_runs(plan, runs, tolerance)
+    verdict = judge_runs(plan, runs, tolerance, looks=looks)
+    if looks is not None:
+        verdict = stopped(verdict, len(plan.seeds), stop)
     result = _measure(plan, runs, verdict, regions, region_names, run_notes, emit, run_audit, t0)
     result = replace(result, continuation={"schema": SCHEMA, "settings": key, "runs": {
         side: {str(s): run_record(r) for s, r in runs[side].items()} for side in runs}})
@@ -324,7 +339,7 @@ def _plan(task_factory: TaskFactory, precision: Precision | str, device: Device 
 
 
 def judge_runs(plan: RunPlan, runs: dict[str, dict[int, Run]], tolerance: float | None = None,
-               fp32: dict[int, Run] | None = None) -> Verdict:
+               fp32: dict[int, Run] | None = None, looks: Looks | None = None) -> Verdict:
     """The paired verdict (:func:`ampkit.verify.judge.judge`) of a comparison's runs (``fp32`` replaces its FP32
     side: explain's reruns at another learning rate)."""
     first = runs["amp"][plan.seeds[0]] if plan.seeds[0] in runs["amp"] else next(iter(runs["amp"].values()))
@@ -335,7 +350,7 @@ def judge_runs(plan: RunPlan, runs: dict[str, dict[int, Run]], tolerance: float 
     return judge(label=plan.amp.name.upper(), fp32={s: outcome(r) for s, r in fp32_runs.items()},
                  amp={s: outcome(r) for s, r in runs["amp"].items()}, metric=first.metric, higher_is_better=higher,
                  bf16_advice=bf16_advice(plan.amp) if plan.amp.use_scaler else None, tolerance=tolerance,
-                 metric_count=count if isinstance(count, int) else None)
+                 metric_count=count if isinstance(count, int) else None, looks=looks)
 
 
 def _measure(plan: RunPlan, runs: dict[str, dict[int, Run]], verdict: Verdict, regions: tuple[str, ...],

@@ -33,11 +33,13 @@ family-wise 5 %), say where the curve leaves FP32 (``Verdict.exits``, what ``--e
 give a warning when an earlier window is worse and the end is not.
 
 **Tolerances** (``tolerance``; relative to the FP32 value; one number for every quantity): by default
-``TOLERANCE`` = 1 %, and for a rate in [0, 1] such as accuracy never less than **one counting
-error**, ``1 / (n_test * FP32 mean)`` (one test example more or less classified right; 0.28 points on
-digits' 359 test images, below the 1 % = 0.97 points the default takes there). ``n_test`` is
-``metric_count`` (compare reads ``Task.extra["n_test"]``), else inferred as the smallest count of which
-every observed value is a multiple. A **loss** is taken relative to itself but never to less than
+``TOLERANCE`` = 1 %. A final metric that **cannot tell the precisions apart** is reported as not informative
+and only the loss decides (:func:`uninformative`): one that does not move (the same value in every run of both
+precisions, e.g. an accuracy stuck at 0.5), a rate in [0, 1] such as accuracy whose **counting error**
+``1 / (n_test * FP32 mean)`` (one test example more or less classified right; 0.28 points on digits' 359
+test images) is coarser than the tolerance, and a tolerance that cannot fail (100 % or more of a rate where
+higher is better). ``n_test`` is ``metric_count`` (compare reads ``Task.extra["n_test"]``), else inferred as
+the smallest count of which every observed value is a multiple. A **loss** is taken relative to itself but never to less than
 ``LOSS_SCALE_FLOOR`` (a tenth) of the run's first logged loss: once a model has fit its training set,
 the relative difference of two near-zero losses is the ratio of two tiny numbers that chaotic
 training moves by several per cent between precisions (measured on digits), not a harm.
@@ -61,10 +63,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampkit.verify.band import MAX_SKIP_SHARE, RunOutcome, band, hard_reasons, trainer_warnings
+from ampkit.verify.sequential import Looks
 from ampkit.verify.stats import ALPHA, POWER, Effect, paired_effect
 
-__all__ = ["judge", "Verdict", "tolerances", "infer_count", "TOLERANCE", "LOSS_SCALE_FLOOR", "LOSS_FLOOR", "WINDOWS", "ALPHA",
-           "SETTINGS"]
+__all__ = ["judge", "Verdict", "tolerances", "uninformative", "infer_count", "TOLERANCE", "LOSS_SCALE_FLOOR",
+           "LOSS_FLOOR", "WINDOWS", "ALPHA", "SETTINGS"]
 
 TOLERANCE = 0.01
 LOSS_SCALE_FLOOR = 0.1
@@ -129,11 +132,36 @@ def tolerances(name: str, fp32: list[float], amp: list[float], tolerance: float 
         if count:
             one = 1.0 / (count * mean)
             src = "inferred from the values" if inferred else "the task's"
-            if tolerance is None and one > tol:
-                return one, one / math.sqrt(6.0), f"one counting error of {count} test examples ({src})"
             return tol, one / math.sqrt(6.0), (f"{tol:.3g} of the FP32 value {given}, {tol * count * mean:.3g} of "
                                                f"{count} test examples ({src})")
     return tol, LOSS_FLOOR, f"{tol:.3g} of the FP32 value {given}"
+
+
+def uninformative(name: str, fp32: list[float], amp: list[float], tolerance: float | None, count: int | None,
+                  higher: bool) -> str | None:
+    """Why the final metric cannot tell the two precisions apart (then the loss decides), or None.
+
+    >>> uninformative("accuracy", [0.5, 0.5], [0.5, 0.5], None, None, True)
+    'it is 0.5 in every run of both precisions (it does not move)'
+    >>> uninformative("accuracy", [0.96, 0.9733], [0.96, 0.9467], None, 75, True)[:40]
+    'one counting error (1 of 75 test example'
+    """
+    vals = fp32 + amp
+    if len(fp32) >= 2 and len(set(vals)) == 1:
+        return f"it is {vals[0]:.4g} in every run of both precisions (it does not move)"
+    tol = TOLERANCE if tolerance is None else tolerance
+    finite = [v for v in fp32 if math.isfinite(v)]
+    mean = abs(statistics.fmean(finite)) if finite else 0.0
+    if not _is_rate(name, vals) or mean <= 0:
+        return None
+    if higher and tol >= 1.0:
+        return f"a tolerance of {tol:.0%} of a rate where higher is better cannot fail"
+    n = count or infer_count(vals)
+    if n and 1.0 / (n * mean) > tol:
+        src = "the task's" if count else "inferred from the values"
+        return (f"one counting error (1 of {n} test examples, {src}) is {1.0 / (n * mean):.3%} of the FP32 value, "
+                f"coarser than the tolerance {tol:.3%}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------- harms
@@ -194,25 +222,33 @@ def _final_harms(fp32, amp, seeds, metric: str, higher: bool) -> list[float]:
     return out
 
 
-def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | None, count: int | None
-               ) -> tuple[list[Effect], list[Effect], dict[str, Any]]:
-    """(verdict endpoints, curve windows, how the tolerances were chosen)."""
+def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | None, count: int | None,
+               looks: Looks | None = None) -> tuple[list[Effect], list[Effect], dict[str, Any]]:
+    """(verdict endpoints, curve windows, how the tolerances were chosen). With ``looks`` (``--seeds auto``) the
+    endpoints are judged at the sequential design's nominal levels (:mod:`ampkit.verify.sequential`)."""
     f_vals, a_vals = [fp32[s].final for s in seeds], [amp[s].final for s in seeds]
     loss_tol = TOLERANCE if tolerance is None else tolerance
     windows = _windows(fp32, amp, seeds, loss_tol)
     has_metric = all(math.isfinite(v) for v in f_vals + a_vals)
-    m = (1 if windows else 0) + (1 if has_metric else 0)
     how: dict[str, Any] = {"loss": f"{loss_tol:.3g} of the FP32 loss (at least {LOSS_SCALE_FLOOR:g} of its first "
                                    f"logged value) {'(default)' if tolerance is None else '(--tolerance)'}"}
+    why = uninformative(metric, f_vals, a_vals, tolerance, count, higher) if has_metric and windows else None
+    if why:
+        has_metric, how["metric_not_informative"] = False, why
+    m = (1 if windows else 0) + (1 if has_metric else 0)
     endpoints = []
+    a_pass, a_fail = ALPHA, ALPHA / max(m, 1)
+    if looks is not None:  # one look of --seeds auto: the design's nominal levels (ampkit.verify.sequential)
+        a_pass, a_fail = looks.level(a_pass), looks.level(a_fail)
     if has_metric:
         tol, floor, how["metric"] = tolerances(metric, f_vals, a_vals, tolerance, count)
         endpoints.append(paired_effect(_final_harms(fp32, amp, seeds, metric, higher), tolerance=tol, floor=floor,
-                                       alpha_fail=ALPHA / m, name=f"final {metric}"))
+                                       alpha_pass=a_pass, alpha_fail=a_fail, name=f"final {metric}"))
     if windows:
         w = windows[-1]
-        endpoints.append(paired_effect(list(w.per_seed), tolerance=loss_tol, floor=LOSS_FLOOR, alpha_fail=ALPHA / m,
-                                       name=f"late training loss (steps {w.steps[0]}-{w.steps[1]})", steps=w.steps))
+        endpoints.append(paired_effect(list(w.per_seed), tolerance=loss_tol, floor=LOSS_FLOOR, alpha_pass=a_pass,
+                                       alpha_fail=a_fail, name=f"late training loss (steps {w.steps[0]}-{w.steps[1]})",
+                                       steps=w.steps))
     return endpoints, windows, how
 
 
@@ -268,6 +304,8 @@ def _metric_info(metric: str, higher: bool, fp32, amp, seeds, endpoints: list[Ef
     info: dict[str, Any] = {"name": metric, "higher_is_better": higher, "fp32": f, "amp": a, "allowed": None}
     e = next((x for x in endpoints if x.name == f"final {metric}"), None)
     if e is None or not f:
+        if f:
+            info.update(fp32_mean=statistics.fmean(f), amp_mean=statistics.fmean(a))
         return info
     f_mean, a_mean = statistics.fmean(f), statistics.fmean(a)
     margin = e.tolerance * abs(f_mean)
@@ -278,8 +316,9 @@ def _metric_info(metric: str, higher: bool, fp32, amp, seeds, endpoints: list[Ef
 
 def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome], metric: str,
           higher_is_better: bool, bf16_advice: str | None = None, tolerance: float | None = None,
-          metric_count: int | None = None) -> Verdict:
-    """The verdict of the module docstring. ``fp32`` and ``amp`` map each seed to its run (paired by seed)."""
+          metric_count: int | None = None, looks: Looks | None = None) -> Verdict:
+    """The verdict of the module docstring. ``fp32`` and ``amp`` map each seed to its run (paired by seed).
+    ``looks``: this is one look of ``--seeds auto`` (:mod:`ampkit.verify.sequential`), judged at its nominal levels."""
     if tolerance is not None and not (isinstance(tolerance, (int, float)) and 0 < tolerance < math.inf):
         raise ValueError(f"tolerance must be a positive number, got {tolerance!r}")
     seeds = [s for s in fp32 if s in amp]
@@ -288,7 +327,7 @@ def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome]
     hard += collapse
     notes: list[str] = []
     endpoints, windows, how = ([], [], {}) if hard or not seeds else _endpoints(
-        fp32, amp, seeds, metric, higher_is_better, tolerance, metric_count)
+        fp32, amp, seeds, metric, higher_is_better, tolerance, metric_count, looks)
     reasons = list(hard)
     decisions = [e.decision for e in endpoints]
     reasons += [describe(e, label) for e in endpoints if e.decision != "pass"]
@@ -300,6 +339,8 @@ def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome]
         verdict = "inconclusive"
         if not decisions and not hard:
             reasons.append("nothing to judge: the AMP and FP32 runs share no seed with finite logged losses")
+    if how.get("metric_not_informative"):
+        notes.append(f"final {metric} is not informative: {how['metric_not_informative']}; the training loss decides")
     if len(seeds) == 1:
         notes.append("one seed: no paired spread is measured, so the verdict cannot be a pass; use --seeds 3")
     late_failed = bool(endpoints) and endpoints[-1].decision == "fail"
@@ -314,8 +355,11 @@ def judge(*, label: str, fp32: dict[int, RunOutcome], amp: dict[int, RunOutcome]
     effects = {"method": "paired equivalence test (one-sided Student t over seeds)", "alpha": ALPHA, "power": POWER,
                "tolerance": how, "endpoints": [e.to_dict() for e in endpoints],
                "windows": [w.to_dict() for w in windows]}
+    if looks is not None:
+        effects["sequential"] = looks.to_dict()
     return Verdict(verdict=verdict, reasons=tuple(reasons), warnings=tuple(warnings), notes=tuple(notes),
                    band=band({s: r.curve for s, r in fp32.items()}),
-                   final_metric=_metric_info(metric, higher_is_better, fp32, amp, seeds, endpoints), skipped=skipped,
+                   final_metric={**_metric_info(metric, higher_is_better, fp32, amp, seeds, endpoints),
+                                 "not_informative": how.get("metric_not_informative")}, skipped=skipped,
                    effects=effects, exits=_exits(windows, seeds, late_failed, fp32, amp) if seeds else {},
                    tolerance=tolerance, metric_count=metric_count)

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-__all__ = ["OpRecord", "CATEGORIES", "LOW", "OUTSIDE", "BACKWARD"]
+__all__ = ["OpRecord", "CATEGORIES", "LOW", "OUTSIDE", "BACKWARD", "BY_TORCH_RULE"]
 
 CATEGORIES = ("low", "promoted", "fp32", "fp64", "cast")
 LOW = (torch.float16, torch.bfloat16)
@@ -68,6 +68,13 @@ class OpRecord:
     flops: int
     autocast: bool
     matmul: bool
+    by_rule: str = ""  # the torch function whose own rule chose this op's dtype (BY_TORCH_RULE), else ""
+
+
+# Torch functions that pick the dtype of their inner ops themselves: the math kernel of scaled_dot_product_attention
+# upcasts FP16/BF16 query and key to FP32 for its softmax and dropout (HF GPT-2 and BERT in training, on the CPU and
+# wherever the fused kernels do not apply). Their FP32 matmuls are torch's rule, not a surprise the user can fix.
+BY_TORCH_RULE = frozenset({"scaled_dot_product_attention"})
 
 
 
@@ -79,6 +86,7 @@ class _State:
         self.root_type = root_type
         self.phase = "forward"
         self.autocast_at_call = False
+        self.by_rule = ""  # inside a BY_TORCH_RULE function
         self.recording = True
         self.root_output: Any = None
         self.records: list[OpRecord] = []
@@ -94,12 +102,14 @@ class _AutocastState(TorchFunctionMode):
         self.device_type = device_type
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        prev = self.state.autocast_at_call
+        prev, rule = self.state.autocast_at_call, self.state.by_rule
         self.state.autocast_at_call = torch.is_autocast_enabled(self.device_type)
+        if not rule and getattr(func, "__name__", "") in BY_TORCH_RULE:
+            self.state.by_rule = func.__name__
         try:
             return func(*args, **(kwargs or {}))
         finally:
-            self.state.autocast_at_call = prev
+            self.state.autocast_at_call, self.state.by_rule = prev, rule
 
 
 class _Recorder(TorchDispatchMode):
@@ -166,6 +176,7 @@ class _Recorder(TorchDispatchMode):
             op=name, module=module, module_type=mtype, phase=st.phase, category=category,
             in_dtypes=tuple(_dtype_name(d) for d in in_f), out_dtypes=tuple(_dtype_name(d) for d in out_f),
             flops=flops, autocast=bool(st.autocast_at_call and st.phase == "forward"), matmul=is_mm,
+            by_rule=st.by_rule if st.phase == "forward" else "",
         ))
 
 

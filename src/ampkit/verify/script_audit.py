@@ -1,4 +1,4 @@
-"""``ampkit audit SCRIPT``: the dtype of every op of a script's first optimizer step, in the script's own process.
+"""``ampkit audit SCRIPT``: the dtype of every op of a script's first AMP step, in the script's own process.
 
 This module is also the child process of an audited run: ``python -m ampkit.verify.script_audit SPEC.json``
 is :func:`ampkit.diagnose.script_run.main` with a :class:`FirstStepAudit` as its recorder.
@@ -6,8 +6,13 @@ is :func:`ampkit.diagnose.script_run.main` with a :class:`FirstStepAudit` as its
 :class:`FirstStepAudit` reuses :mod:`ampkit.verify.record` (the dispatch mode that sees each aten op after
 autocast cast its inputs, and the function mode that notes whether autocast was on). Its modes are pushed
 at the first forward of a root module (global forward hooks name the modules: the dotted names of the
-first root's ``named_modules()``) and popped at the first optimizer step, so what the script does before
-(building data, a model, an optimizer) is not recorded; the backward the script calls is (``"backward"``).
+first root's ``named_modules()``) in **the first step in which autocast is enabled**, and popped at that
+step's optimizer step, so what the script does before (building data, a model, an optimizer, an FP32 phase
+such as the PyTorch AMP recipe's first loop) is not recorded; the backward the script calls is
+(``"backward"``). A step is recorded when autocast is on at its first forward, or was on anywhere in an
+earlier step (a wrapper that enters autocast inside the model's forward, as Lightning Fabric does); in the
+FP32 run (``switch.mode == "fp32"``) the first step is. The run stops once that step is recorded; a script
+whose first ``SEARCH_STEPS`` steps never enabled autocast is reported (``result()["unrecorded"]``).
 Installed by :func:`ampkit.diagnose.script_run.main` inside a :class:`~ampkit.diagnose.switch.Switch`.
 """
 
@@ -23,7 +28,9 @@ from ampkit.verify.record import _AutocastState, _first_tensor, _Recorder, _Stat
 if TYPE_CHECKING:
     from ampkit.diagnose.switch import Switch
 
-__all__ = ["FirstStepAudit"]
+__all__ = ["FirstStepAudit", "SEARCH_STEPS"]
+
+SEARCH_STEPS = 1000  # optimizer steps an audit waits for autocast to be enabled
 
 
 class FirstStepAudit:
@@ -37,6 +44,9 @@ class FirstStepAudit:
         self.output_dtype: str | None = None
         self._handles: list[Any] = []
         self._names: dict[int, tuple[str, str]] = {}
+        self.switch: "Switch | None" = None  # set by script_run.main: its mode says whether autocast can come
+        self.autocast_seen = False  # autocast was on in a forward of an earlier step
+        self.audited_step: int | None = None
 
     def install(self) -> None:
         import torch.optim.optimizer as optim_mod
@@ -44,7 +54,7 @@ class FirstStepAudit:
         mm = torch.nn.modules.module
         self._handles = [mm.register_module_forward_pre_hook(self._pre),
                          mm.register_module_forward_hook(self._post, always_call=True),
-                         optim_mod.register_optimizer_step_pre_hook(lambda *a: self._stop())]
+                         optim_mod.register_optimizer_step_pre_hook(lambda *a: self._pause())]
 
     def remove(self) -> None:
         for h in self._handles:
@@ -63,6 +73,12 @@ class FirstStepAudit:
             st.root_type = type(module).__name__
             p = next(module.parameters(), None)
             self.device_type = p.device.type if p is not None else "cpu"
+        if not self.modes and not st.recording:
+            on = torch.is_autocast_enabled(self.device_type)
+            if not (module is self.root and (on or self.autocast_seen or self._fp32_run())):
+                self.autocast_seen = self.autocast_seen or on
+                return
+            st.phase = "forward"  # an unrecorded step's backward came before
             self.modes = [_AutocastState(st, self.device_type), _Recorder(st)]
             for mode in self.modes:
                 mode.__enter__()
@@ -81,8 +97,25 @@ class FirstStepAudit:
     def on_backward(self) -> None:
         self.state.phase = "backward"
 
+    def _fp32_run(self) -> bool:
+        return getattr(self.switch, "mode", "amp") == "fp32"
+
     def on_step(self, step: int) -> None:
-        self._stop()
+        from ampkit.diagnose.stop import StopRun
+
+        if self.modes:
+            self.audited_step = step
+            self._stop()
+        if self.audited_step is not None:
+            raise StopRun(f"stopped after the audited step {step}")
+        if step >= SEARCH_STEPS:
+            self.done = True
+            raise StopRun(f"no autocast in the first {step} optimizer steps")
+
+    def _pause(self) -> None:
+        """At the optimizer step: the step's ops are recorded (on_step then stops the run)."""
+        if self.modes:
+            self.state.recording = False
 
     def _stop(self) -> None:
         if self.done:
@@ -101,6 +134,8 @@ class FirstStepAudit:
 
         if self.root is None:
             return None
+        if self.audited_step is None and not self.state.records:
+            return {"unrecorded": f"no optimizer step of its first {switch.step} enabled autocast in a forward"}
         seen = sorted(switch.autocast_seen)
         dtype = getattr(torch, seen[0].split(":")[1]) if seen else torch.float32
         name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")

@@ -36,7 +36,10 @@ from ampkit.verify.band import MARGINS, RunOutcome
 from ampkit.verify.judge import judge
 from ampkit.verify.interrupt import Interrupted
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
+from ampkit.verify.band import seed_reasons
 from ampkit.verify.prior import refuse_existing
+from ampkit.verify.script_speed import step_speed
+from ampkit.verify.sequential import MAX_SEEDS, Looks, auto_looks, run_until_decided, stopped
 
 __all__ = ["compare_script", "higher_is_better", "metric_name", "window_curve"]
 
@@ -135,7 +138,8 @@ def _amp_label(runs: dict[int, ScriptRun], script: str) -> tuple[str, str]:
 
 
 def compare_script(script: str, args: Sequence[str] = (), *, precision: str | None = None,
-                   seeds: int | Sequence[int] = 3, steps: int | None = None, log_every: int | None = None,
+                   seeds: int | str | Sequence[int] = 3, max_seeds: int = MAX_SEEDS, steps: int | None = None,
+                   log_every: int | None = None,
                    metric: str | None = None, metric_mode: str | None = None, out: str | Path | None = None,
                    run_audit: bool = True, progress: Progress | None = None,
                    tolerance: float | None = None) -> CompareResult:
@@ -144,12 +148,14 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
     Args:
         precision: None / ``"auto"``: the script's own autocast dtype; ``"bf16"`` / ``"fp16"``: forced (FP16
             enables the script's GradScaler).
-        seeds: how many seeds (0..N-1), or the seeds; ampkit's seeds replace the script's own.
+        seeds: how many seeds (0..N-1), or the seeds; ampkit's seeds replace the script's own. ``"auto"``: seeds
+            added until the verdict is decided, at most ``max_seeds`` (:mod:`ampkit.verify.sequential`).
         steps: stop every run after this many optimizer steps (default: the script's own length).
         metric: a regular expression for a final metric the script prints (first group, last match).
         metric_mode: ``"max"`` / ``"min"``: which direction is better (default: :func:`higher_is_better`).
         out: write ``compare.json``, ``report.html``, the PNGs and each run's output (``runs/``) there.
-        run_audit: also record the dtype of every op of the script's first AMP step (one more 1-step run).
+        run_audit: also record the dtype of every op of the script's first step with autocast enabled (one more
+            run, stopped after that step).
         tolerance: the harm AMP may do, relative to FP32 (default 1 %): the paired judge of task comparisons.
 
     Raises :class:`~ampkit.errors.UsageError` (one line) for a missing script, a multi-process launch, a crash
@@ -159,7 +165,8 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
     full = check_script(script)
-    seed_list = _seed_list(seeds, steps)
+    looks = auto_looks(seeds, max_seeds)
+    seed_list = _seed_list(seeds if looks is None else looks.last, steps)
     forced = _forced(precision)
     if log_every is not None and log_every < 1:
         raise UsageError(f"--log-every must be >= 1, got {log_every}")
@@ -170,32 +177,53 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
     base = (prepare_folder(out) if out is not None else Path(tmp.name)) / "runs"
     try:
         emit({"event": "compare_start", "script": True, "runs": 2 * len(seed_list), "task": script,
+              "auto": looks is not None,
               "precision": forced or "amp", "device": None,
               "reason": "the script's own autocast" if forced is None else f"--precision {forced} forced",
-              "steps": steps or 0, "seeds": seed_list, "fp32_modules": []})
+              "steps": steps or 0, "seeds": seed_list if looks is None else f"auto ({looks.first} to {looks.last})",
+              "fp32_modules": []})
         runs: dict[str, dict[int, ScriptRun]] = {"fp32": {}, "amp": {}}
-        count = 0
-        for seed in seed_list:
-            for side in ("fp32", "amp"):
-                count += 1
-                emit({"event": "run_start", "run": count, "runs": 2 * len(seed_list), "seed": seed, "precision": side,
+        total = 2 * len(seed_list)
+
+        def train(seed: int) -> list[str]:
+            for side in ("amp", "fp32"):  # AMP first: a script that cannot be compared is told after one run
+                count = sum(len(r) for r in runs.values()) + 1
+                emit({"event": "run_start", "run": count, "runs": total, "seed": seed, "precision": side,
                       "total": steps or 0})
-                with _stopped_in(f"run {count} of {2 * len(seed_list)}", count - 1, "the running one stopped"):
+                with _stopped_in(f"run {count} of {total}", count - 1, "the running one stopped"):
                     run = run_script(full, list(args), mode=side, seed=seed, folder=base / f"{side}-seed{seed}",
                                      precision=forced, steps=steps)
                     _not_stopped(run)
+                _metric(run, regex, metric or "")  # a --metric that never matches: refused now, not after 2N runs
+                if side == "amp":
+                    dev_type = _amp_label({seed: run}, script)[1]  # no autocast region: refused after this run
                 runs[side][seed] = run
-                emit({"event": "run_end", "run": count, "runs": 2 * len(seed_list), "seed": seed, "precision": side,
-                      "wall_s": run.wall_s, "metric": metric_name(metric), "value": _safe_last(run),
+                emit({"event": "run_end", "run": count, "runs": total, "seed": seed, "precision": side,
+                      "wall_s": run.wall_s, "metric": "loss", "value": _safe_last(run),
                       "skipped": int(sum(s or 0 for s in run.skipped))})
+            amp_run = runs["amp"][seed]
+            return seed_reasons(seed, _outcome(amp_run, max(1, amp_run.steps // TARGET_POINTS), math.nan, dev_type),
+                                "AMP")
+
+        def decide(done: list[int]) -> str:
+            part = {side: {s: rs[s] for s in done} for side, rs in runs.items()}
+            return _judged(script, part, regex, metric, higher, log_every, tolerance, looks)[0].verdict
+
+        stop = None
+        if looks is None:
+            for seed in seed_list:
+                train(seed)
+        else:
+            used, stop = run_until_decided(seed_list, looks=looks, train=train, decide=decide)
+            runs = {side: {s: rs[s] for s in used} for side, rs in runs.items()}
         audit = None
         if run_audit:
             emit({"event": "audit"})
-            with _stopped_in("the audit run", count, "the audit run stopped"):
+            with _stopped_in("the audit run", sum(len(r) for r in runs.values()), "the audit run stopped"):
                 audit = run_script(full, list(args), mode="amp", seed=seed_list[0], folder=base / "audit",
                                    precision=forced, audit=True, entry=AUDIT_ENTRY).audit
         result = _assemble(script, list(args), runs, forced, regex, metric, higher, log_every, audit,
-                           base if out is not None else None, t0, tolerance)
+                           base if out is not None else None, t0, tolerance, looks, stop)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -244,28 +272,21 @@ def _safe_last(run: ScriptRun) -> float | None:
 def _assemble(script: str, args: list[str], runs: dict[str, dict[int, ScriptRun]], forced: str | None,
               regex: re.Pattern[str] | None, metric: str | None, higher: bool, log_every: int | None,
               audit: dict[str, Any] | None, base: Path | None, t0: float,
-              tolerance: float | None = None) -> CompareResult:
+              tolerance: float | None = None, looks: Looks | None = None, stop: str | None = None) -> CompareResult:
+    verdict, outcomes, every, steps = _judged(script, runs, regex, metric, higher, log_every, tolerance, looks)
+    if looks is not None and stop is not None:
+        verdict = stopped(verdict, len(runs["fp32"]), stop)
     name, dev_type = _amp_label(runs["amp"], script)
     label = name.upper()
     dev = parse_device(dev_type)
-    steps = max(r.steps for side in runs.values() for r in side.values())
-    every = log_every or max(1, steps // TARGET_POINTS)
-    finals = {side: {s: _metric(r, regex, metric or "") for s, r in rs.items()} for side, rs in runs.items()}
-    outcomes = {side: {s: _outcome(r, every, finals[side][s], dev_type) for s, r in rs.items()}
-                for side, rs in runs.items()}
     amp_has_scaler = any(r.scaler_enabled for r in runs["amp"].values())
-    verdict = judge(label=label, fp32=outcomes["fp32"], amp=outcomes["amp"], metric=metric_name(metric),
-                    higher_is_better=higher, bf16_advice=bf16_advice(dev) if name == "fp16" else None,
-                    tolerance=tolerance)
     notes = list(verdict.notes)
     notes.append("runs came from the script: each in a fresh process, FP32 by switching every autocast and "
                  "GradScaler off; the loss of a step is the mean of what the script passed to backward")
     if name == "fp16" and not amp_has_scaler:
         notes.append("the FP16 runs had no enabled GradScaler: gradients can underflow to zero (fp16-without-scaler)")
-    sps = {side: statistics.median([r.steps / r.wall_s for r in rs.values()]) for side, rs in runs.items()}
-    speedup = sps["amp"] / sps["fp32"] if sps["fp32"] else None
-    notes.append("speed: optimizer steps per second of each whole run, process start and the script's own set-up "
-                 "included; measure throughput with the script's own timing")
+    perf = step_speed(runs, label)
+    notes.append(perf["note"])
     scale_trace = None
     if any(v is not None for r in runs["amp"].values() for v in r.scales):
         scale_trace = {s: [[i, v] for i, v in enumerate(r.scales, start=1) if v is not None]
@@ -285,15 +306,28 @@ def _assemble(script: str, args: list[str], runs: dict[str, dict[int, ScriptRun]
         device={"type": dev.type, "name": dev.name, "str": str(dev)}, versions=_versions(dev),
         curves={side: {s: o.curve for s, o in rs.items()} for side, rs in outcomes.items()},
         band=verdict.band, final_metric=verdict.final_metric, skipped={**verdict.skipped, "steps": steps},
-        throughput={"fp32": sps["fp32"], "amp": sps["amp"], "unit": "steps/s",
-                    "per_seed": {side: {s: r.steps / r.wall_s for s, r in rs.items()} for side, rs in runs.items()}},
-        memory={"fp32": None, "amp": None, "unit": "bytes"}, ratios={"speedup": speedup, "memory_saving": None},
+        throughput=perf["throughput"], memory=perf["memory"], ratios=perf["ratios"],
         scale_trace=scale_trace, audit=_audit_summary(audit), margins=dict(MARGINS),
         wall_s=time.perf_counter() - t0, source=source, effects=verdict.effects)
 
 
+def _judged(script: str, runs: dict[str, dict[int, ScriptRun]], regex: re.Pattern[str] | None, metric: str | None,
+            higher: bool, log_every: int | None, tolerance: float | None, looks: Looks | None):
+    """(the verdict, the runs' outcomes, steps per curve point, the longest run's steps) of these runs."""
+    name, dev_type = _amp_label(runs["amp"], script)
+    steps = max(r.steps for side in runs.values() for r in side.values())
+    every = log_every or max(1, steps // TARGET_POINTS)
+    finals = {side: {s: _metric(r, regex, metric or "") for s, r in rs.items()} for side, rs in runs.items()}
+    outcomes = {side: {s: _outcome(r, every, finals[side][s], dev_type) for s, r in rs.items()}
+                for side, rs in runs.items()}
+    verdict = judge(label=name.upper(), fp32=outcomes["fp32"], amp=outcomes["amp"], metric=metric_name(metric),
+                    higher_is_better=higher, tolerance=tolerance, looks=looks,
+                    bf16_advice=bf16_advice(parse_device(dev_type)) if name == "fp16" else None)
+    return verdict, outcomes, every, steps
+
+
 def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
-    if audit is None:
+    if audit is None or "unrecorded" in audit:
         return None
     from ampkit.verify.audit import audit_from_dict
 
@@ -302,7 +336,8 @@ def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def audit_script(script: str, args: Sequence[str] = (), *, precision: str | None = None, mode: str = "amp"):
     """``ampkit audit SCRIPT``: the :class:`~ampkit.verify.audit.AuditResult` of the script's first optimizer
-    step (forward under its autocast, and its backward), recorded in a fresh process with seed 0. ``mode="fp32"``
+    step in which autocast is enabled (forward under its autocast, and its backward; an FP32 phase before it is
+    skipped), recorded in a fresh process with seed 0. ``mode="fp32"``
     audits the FP32 run of ``compare SCRIPT`` instead (every autocast and GradScaler switched off)."""
     from ampkit.verify.audit import audit_from_dict
 
@@ -313,4 +348,7 @@ def audit_script(script: str, args: Sequence[str] = (), *, precision: str | None
                          entry=AUDIT_ENTRY)
     if run.audit is None:
         raise UsageError(f"{script} took an optimizer step without running an nn.Module: nothing to audit")
+    if "unrecorded" in run.audit:
+        raise UsageError(f"{script} enables no autocast region: {run.audit['unrecorded']}; wrap its forward and loss "
+                         f"in torch.autocast(device_type, dtype=...)")
     return audit_from_dict(run.audit)
