@@ -66,7 +66,7 @@ class TrialSetup:
     card: str
     capability: Any = None
     rounds: int = 3
-    limit: int = 4
+    limit: int = 3
     progress: Progress | None = None
     release: Callable[[], None] | None = None
     use_cache: bool = True

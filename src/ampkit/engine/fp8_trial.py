@@ -104,7 +104,7 @@ class TrialResult:
 
     def summary(self) -> str:
         """One line: what was tried (median ms and spread each), the verdict and what the trial cost."""
-        parts = [f"{r.name} {r.median:.2f} ms (+-{r.spread / 2:.2f})" for r in self.rows]
+        parts = [f"{r.name} {r.median:.2f} ms (spread {r.spread:.2f})" for r in self.rows]
         how = (f"cached from a trial of {self.trial_s:.0f} s on {str(self.provenance.get('measured', '?'))[:10]} "
                f"({self.cached})" if self.cached else f"trial took {self.trial_s:.0f} s")
         failed = "".join(f"; {n} failed: {e}" for n, e in self.failed)
@@ -162,7 +162,7 @@ def _speedup(cost: CostModel | None, tokens: int | None, predicted: dict[str, tu
 
 
 def candidates(model: nn.Module, *, recipe: str, filter: FP8Filter | None = None, cost: CostModel | None = None,
-               tokens: int | None = None, limit: int = 4) -> list[Candidate]:
+               tokens: int | None = None, limit: int = 3) -> list[Candidate]:
     """The layer sets worth timing, BF16 and FP8-on-every-eligible-layer first, then the others ordered by the
     cost model's predicted speedup (without one: in the order below), at most ``limit`` in all."""
     eligible = plan(model, filter, recipe=recipe)
