@@ -151,7 +151,7 @@ def record(name: str, device: Any, prec: Any, cost: Any, tiny: bool, log: Any) -
     best_ref = min(med.get(BF16, float("inf")), med.get(ELIGIBLE, float("inf")))
     decision_ms = med[result.winner]
     out = {
-        "model": name, "description": wl.description, "n_params": wl.n_params, "tokens_per_step": wl.tokens_per_step,
+        "kind": "fp8-decision", "model": name, "description": wl.description, "n_params": wl.n_params, "tokens_per_step": wl.tokens_per_step,
         "samples_per_step": wl.samples_per_step, "mode": "compiled", "recipe": "tensorwise",
         "decision": result.to_dict(), "decision_s": round(decision_s, 1),
         "confirm": {"rounds": CONFIRM_ROUNDS, "steps_per_round": steps.steps, "ms_rounds": ms, "ms_median": med,
