@@ -353,7 +353,7 @@ def combine_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         if row[key] is not None:
             row[key] *= scale
     row.update(ms_per_step=median, ms_rounds=times, ms_spread=[min(times), max(times)],
-               loss_rounds=[r["loss_last"] for r in rounds])  # each round: the same steps from the same weights
+               loss_rounds=[r.get("loss_last") for r in rounds])  # each round: the same steps from the same weights
     return row
 
 

@@ -69,12 +69,10 @@ def _version(pkg: str) -> str | None:
 def trial_key(model: nn.Module, batch: Any, *, card: str, capability: Any, mode: str, recipe: str,
               min_gain: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a cached decision holds for (``extra``: anything else the caller's step depends on)."""
-    import ampkit
-
     return {"structure": structure_fingerprint(model), "batch": batch_signature(batch), "card": card,
             "capability": list(capability) if capability is not None else None, "mode": mode, "recipe": recipe,
             "min_gain": min_gain, "torch": torch.__version__, "torchao": _version("torchao"),
-            "ampkit": ampkit.__version__, **(extra or {})}
+            "ampkit": _version("ampkit"), **(extra or {})}
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:
