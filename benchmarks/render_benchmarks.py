@@ -53,6 +53,8 @@ def kind_of(data: dict) -> str:
         return "calibration"  # benchmarks/verdict_calibration.py: how often the compare verdict is wrong
     if data.get("kind") == "sequential-verdict-calibration" and isinstance(data.get("real"), dict):
         return "sequential"  # benchmarks/sequential_calibration.py: compare --seeds auto against fixed seeds
+    if data.get("kind") == "fp8-decision" and isinstance(data.get("decision"), dict):
+        return "fp8-decision"  # benchmarks/fp8_decision_h200.py: the measured FP8 decision on one model
 
     if data.get("kind") == "migrate-speed" and isinstance(data.get("runs"), list):
         return "migrate"  # benchmarks/migrate_speed.py: CPU time of `ampkit migrate` against ast.parse
@@ -287,6 +289,36 @@ def compare_section(files: list[dict]) -> list[str]:
                      f"{sources.ref(d)} |")
     lines += [""] + sources.render(lambda d: f"`ampkit compare --precision {d['precision']}` on {d['task']}: "
                                              f"seeds {d.get('seeds')}, {d.get('steps')} steps each")
+    return lines
+
+
+def fp8_decision_section(files: list[dict]) -> list[str]:
+    """benchmarks/fp8_decision_h200.py: the measured FP8 decision per model against BF16 and FP8-eligible."""
+    lines = ["## The FP8 decision measured on the model (`benchmarks/fp8_decision_h200.py`)", "",
+             "`--precision fp8` times a few layer sets on the model itself (compiled here) and keeps the fastest only "
+             "if it beats BF16 beyond the rounds' spread and by >= 3 %. `decision cost`: the trial, compiles "
+             "included (paid once, then cached). Step times: median of 5 interleaved confirmation rounds on the "
+             "trial's own compiled steps (spread max-min); `vs best`: the decision's time over the faster of BF16 "
+             "and FP8 on every eligible layer.", "",
+             "| model | tried (trial medians, ms) | decision | ms/step | BF16 | FP8-eligible | vs best | "
+             "decision cost | commit | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for d in sorted(files, key=lambda d: d["model"]):
+        conf = d["confirm"]
+        tried = ", ".join(f"{r['name']} {r['ms_median']:.1f}" for r in d["decision"]["rows"])
+
+        def ms(name: str | None) -> str:
+            if name is None or name not in conf["ms_median"]:
+                return "-"
+            return f"{conf['ms_median'][name]:.2f} (+-{conf['ms_spread'][name] / 2:.2f})"
+        winner = d["decision"]["winner"]
+        lines.append(f"| {_cell(d['description'])} | {tried} | {winner} | {ms(winner)} | {ms('bf16')} | "
+                     f"{ms('fp8-eligible')} | {d['decision_over_best']:.3f} | {d['decision_s']:.0f} s | "
+                     f"`{str(d.get('git_commit'))[:10]}` | {d['_file']} |")
+    if files:
+        d = files[0]
+        lines += ["", f"{d['device']}, torch {d['versions'].get('torch')}, torchao {d['versions'].get('torchao')}, "
+                      f"transformers {d['versions'].get('transformers')}, timm {d['versions'].get('timm')}; "
+                      "FP8 tensorwise; random weights and data; fused AdamW."]
     return lines
 
 
@@ -557,6 +589,8 @@ def render(results: list[dict] | None = None) -> str:
     if by_kind.get("sequential"):
         out += sequential_section(by_kind["sequential"]) + [""]
 
+    if by_kind.get("fp8-decision"):
+        out += fp8_decision_section(by_kind["fp8-decision"]) + [""]
     if by_kind.get("migrate"):
         out += migrate_section(by_kind["migrate"]) + [""]
     if by_kind.get("judges"):

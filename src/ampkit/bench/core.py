@@ -192,7 +192,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> dict[str
     modes = ([False] if config.eager else []) + ([True] if config.compile else [])
     # FP8 rows train copies of the model with torchao's Float8Linear layers (one per recipe and mode: the plan
     # differs eager and compiled); the other rows train the model as it is.
-    workloads, plans = fp8_workloads(config, wl, precisions, modes, notes)
+    workloads, plans = fp8_workloads(config, wl, precisions, modes, notes, progress=report)
     compiled_fwds = _compiled_forwards(config, workloads)
     tf32_before = device.tf32_switches()
     rounds = config.rounds or (5 if device.is_accelerator else 1)
@@ -340,7 +340,8 @@ def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled
 
 def combine_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from a runner's interleaved rounds: the median step time, every round's time and their spread.
-    Memory, syncs and losses come from the first round (the only one that checks syncs)."""
+    Memory, syncs and ``loss_last`` come from the first round (the only one that checks syncs); ``loss_rounds``
+    holds every round's last loss (a rerun of the same steps: their differences are the device's nondeterminism)."""
     bad = next((r for r in rounds if r["status"] != "ok"), None)
     if bad is not None:
         return bad
@@ -351,7 +352,8 @@ def combine_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("tokens_per_s", "samples_per_s", "mfu"):
         if row[key] is not None:
             row[key] *= scale
-    row.update(ms_per_step=median, ms_rounds=times, ms_spread=[min(times), max(times)])
+    row.update(ms_per_step=median, ms_rounds=times, ms_spread=[min(times), max(times)],
+               loss_rounds=[r.get("loss_last") for r in rounds])  # each round: the same steps from the same weights
     return row
 
 

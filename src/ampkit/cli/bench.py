@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, check_writable, console, err_console, print_json
+from ampkit.cli.fp8view import fp8_trial_line
 from ampkit.cli.hardstop import exit_promptly
 
 __all__ = ["register", "run"]
@@ -110,7 +111,11 @@ class _Progress:
 
     def __call__(self, ev: dict) -> None:
         kind = ev.get("event")
-        if kind == "start":
+        if kind == "fp8_trial":
+            line = fp8_trial_line(ev)
+            if line:
+                self.err.print(line, highlight=False, soft_wrap=True)
+        elif kind == "start":
             self.err.print(f"[bold]bench {ev['model']}[/] on {ev['device']} ({ev['name']})", highlight=False)
         elif kind == "peak":
             self.err.print(f"matmul rate: {ev['tflops']:.1f} TFLOP/s ({ev['dtype']}, {ev['shape'][0]}^3)",

@@ -193,6 +193,12 @@ class _Bar(ProgressView):
                 self.err.print(f"step {ev['step']}: {info}", highlight=False)
         elif kind == "warning":
             self.err.print(f"[yellow]warning {ev['code']}[/]: {ev['message']}. fix: {ev['fix']}")
+        elif kind == "fp8_trial":
+            from ampkit.cli.fp8view import fp8_trial_line
+
+            line = fp8_trial_line(ev)
+            if line:
+                self.err.print(line, highlight=False, soft_wrap=True)
 
 
 def _summary(r) -> None:

@@ -130,7 +130,7 @@ def graph_blocker(config: TrainConfig, ctx: DistContext | None, task: Task, call
 
 
 def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Module, precision: Precision,
-         *, auto: bool, notes: list[str]) -> Precision:
+         *, auto: bool, notes: list[str], progress: Any = None) -> Precision:
     """The run's FP8 decision (once, before any wrapper): converts the layers that pay and returns the run's
     precision (``auto`` may become FP8; an explicit fp8 no layer pays for is refused). Train steps run eagerly
     (or as a step graph), so the eager cost model decides."""
@@ -138,6 +138,7 @@ def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Mod
         return precision
     from ampkit.engine.fp8 import convert
     from ampkit.engine.fp8_choice import choose_fp8
+    from ampkit.training import fp8_decision
 
     rows = task.tokens_per_batch or task.samples_per_batch
     world = ctx.world_size if ctx is not None else 1
@@ -145,8 +146,14 @@ def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Mod
     # Several processes would each probe (or race on the cache) and could decide apart: every rank must
     # convert the same layers, so they all choose by shape, and auto keeps BF16.
     lookup = None if world == 1 else (lambda *_: (None, f"{world} processes decide alike without the cost model"))
+    # One process on an accelerator: the layer set is measured on this model (issue 42), the cost model only
+    # orders the candidates.
+    trial = None if world > 1 else fp8_decision.trial_setup(
+        task=task, model=model, precision=precision, device=precision.device, recipe=config.fp8_recipe,
+        make_optimizer=lambda m: make_optimizer(m, task, precision.device, lr=config.lr, fused=config.fused),
+        max_grad_norm=config.max_grad_norm, progress=progress)
     choice = choose_fp8(model, precision, auto=auto, recipe=config.fp8_recipe, tokens=tokens, mode="eager",
-                        layers=config.fp8_layers, lookup=lookup)
+                        layers=config.fp8_layers, lookup=lookup, trial=trial)
     if choice.report is not None:
         # torchao's Float8Linear in place of the chosen nn.Linear layers (same Parameters).
         convert(model, chosen=choice.report)
@@ -156,7 +163,7 @@ def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Mod
 
 
 def build_run(config: TrainConfig, ctx: DistContext | None, device: Device, *, task: Task | None,
-              precision: Precision | None) -> Run:
+              precision: Precision | None, progress: Any = None) -> Run:
     if ctx is not None:
         device = ctx.device
         if precision is not None and precision.device != device:
@@ -178,7 +185,8 @@ def build_run(config: TrainConfig, ctx: DistContext | None, device: Device, *, t
     notes: list[str] = []
     strategy = _strategy(config, ctx, notes)
     model = task.model.to(device.torch_device)
-    precision = _fp8(config, ctx, task, model, precision, auto=auto, notes=notes)
+    precision = _fp8(config, ctx, task, model, precision, auto=auto, notes=notes,
+                     progress=progress if ctx is None or ctx.is_main else None)
     if config.fp32_modules and ctx is not None and strategy == "fsdp" and precision.is_low_precision:
         raise UsageError("--fp32-modules with --strategy fsdp is not supported yet (FSDP2 gathers every weight in "
                          f"{precision.name}, so an FP32 region would meet low-precision weights): use --strategy ddp")

@@ -83,7 +83,7 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     ctx = dist_mod.init_from_env(device) if dist_mod.launched() else None
     run, finished = None, False
     try:
-        run = build_run(config, ctx, device, task=task, precision=precision)
+        run = build_run(config, ctx, device, task=task, precision=precision, progress=progress)
         result = _train(run, progress, given_task=task is not None)
         finished = True
         return result
