@@ -31,6 +31,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -44,34 +45,29 @@ __all__ = ["WEIGHTS", "MasterWeights", "split", "join", "bytes_per_parameter"]
 #: FP32 updates, and pure BF16 weights (no master: small updates round away).
 WEIGHTS = ("fp32", "bf16", "bf16-pure")
 
-_LOW = 0xFFFF
-_HALF = 0x8000
+if sys.byteorder != "little":  # pragma: no cover - torch runs on little-endian machines only
+    raise ImportError("ampkit.engine.master reads FP32 bits as two int16 halves: a little-endian machine is needed")
 
 
 def split(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(BF16 rounding, int16 remainder) of an FP32 tensor; :func:`join` gives the FP32 value back exactly."""
+    """(BF16 rounding, int16 remainder) of an FP32 tensor; :func:`join` gives the FP32 value back exactly.
+
+    In 16-bit integer arithmetic only (two bytes per element at a time): an FP32 value is the pair (low half,
+    high half) of its bits, read in place as two int16 (little-endian, as on every platform torch runs on)."""
     if value.dtype != torch.float32:
         raise UsageError(f"split takes an FP32 tensor, got {value.dtype}")
-    bits = value.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    low = bits & _LOW
-    up = (low >= _HALF).to(torch.int64)
-    high = ((bits >> 16) + up) & _LOW
-    return _as16(high).view(torch.bfloat16), _as16(low)
+    halves = value.contiguous().reshape(-1).view(torch.int16).view(-1, 2)
+    low, high = halves[:, 0], halves[:, 1]
+    up = (low < 0).to(torch.int16)  # the dropped 16 bits are >= 0x8000: round the magnitude up (ties away from 0)
+    rounded = (high + up).reshape(value.shape)  # int16 arithmetic wraps: 0x7fff + 1 gives the bits 0x8000
+    return rounded.view(torch.bfloat16), low.reshape(value.shape).clone()
 
 
 def join(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
     """The FP32 tensor whose :func:`split` is ``(high, remainder)``."""
-    h = high.view(torch.int16).to(torch.int64) & _LOW
-    r = remainder.to(torch.int64) & _LOW
-    h = (h - (r >= _HALF).to(torch.int64)) & _LOW
-    bits = (h << 16) | r
-    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
-    return bits.to(torch.int32).view(torch.float32)
-
-
-def _as16(values: torch.Tensor) -> torch.Tensor:
-    """int64 values in [0, 65535] as int16 with the same 16 bits."""
-    return torch.where(values >= _HALF, values - 2**16, values).to(torch.int16)
+    h = high.reshape(-1).view(torch.int16) - (remainder.reshape(-1) < 0).to(torch.int16)
+    pair = torch.stack((remainder.reshape(-1), h), dim=-1)
+    return pair.view(torch.int32).view(torch.float32).reshape(high.shape)
 
 
 def bytes_per_parameter(weights: str, optimizer: str = "adamw") -> dict[str, int]:
