@@ -83,3 +83,17 @@ def test_a_result_off_by_a_few_percent_is_reported_and_one_rounding_is_not():
     rounded = ref.to(torch.bfloat16)
     assert excess("gelu", rounded, ref, None, (rounded,), on_cpu=True)[0] <= 1
     assert excess("gelu", (ref * 1.03).to(torch.bfloat16), ref, None, (rounded,), on_cpu=True)[0] > 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_is_compared_with_torch_math_attention(causal):
+    from ampkit.parity.recorder import sdpa_reference
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    for name, args in (("_scaled_dot_product_flash_attention", (q, k, v, 0.0, causal)),
+                       ("_scaled_dot_product_efficient_attention", (q, k, v, None, False, 0.0, causal))):
+        got = sdpa_reference(name, args, {}, torch.device("cpu"))
+        assert got.dtype == torch.float64 and torch.allclose(got, want, atol=1e-12)
+    assert sdpa_reference("_scaled_dot_product_flash_attention", (q, k, v, 0.1, causal), {}, torch.device("cpu")) is None
