@@ -6,7 +6,10 @@ rounding mixed precision is allowed to cause is never reported:
 
 * ``u`` is the unit roundoff of the dtype the op's result is stored in: ``2^-8`` for BF16, ``2^-11`` for FP16,
   ``2^-24`` for FP32 (``2^-11`` for matmuls and convolutions in FP32 off the CPU, where TF32 may round their
-  inputs); ``u_acc`` that of the accumulation, FP32 for every low-precision kernel.
+  inputs); ``u_acc`` that of the accumulation: FP32 for low-precision kernels on the CPU; on an accelerator, the
+  result's own dtype for BF16/FP16 matmuls and convolutions, whose libraries may sum partial products in it
+  (torch's ``allow_bf16_reduced_precision_reduction`` / ``allow_fp16_reduced_precision_reduction``, on by
+  default).
 * **Pointwise** ops (``add``, ``exp``, ``gelu``, casts, ...): ``|x - ref| <= 8 u |ref| + 4 tiny``, a few ULPs
   of the result (``tiny``: the dtype's smallest normal number, for results that underflow).
 * **Matmuls and convolutions** (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``convolution``): the classic bound of a
@@ -96,6 +99,8 @@ def excess(name: str, out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Ten
     u_acc = unit_roundoff(torch.float32) if dtype in (torch.bfloat16, torch.float16) else u
     if kind == "matmul" and dtype == torch.float32 and not on_cpu:
         u_acc = 2.0**-11  # TF32 may round the inputs of FP32 matmuls and convolutions on an accelerator
+    elif kind == "matmul" and not on_cpu:
+        u_acc = u  # reduced-precision reductions (split-K partial sums in BF16/FP16), torch's default on GPUs
     if kind == "attention":  # its probabilities and partial sums are kept in the inputs' dtype
         u = max([u] + [unit_roundoff(a.dtype) for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()])
     tiny = torch.finfo(dtype).tiny if dtype.is_floating_point else 0.0
