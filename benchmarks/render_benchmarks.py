@@ -56,6 +56,10 @@ def kind_of(data: dict) -> str:
     if data.get("kind") == "fp8-decision" and isinstance(data.get("decision"), dict):
         return "fp8-decision"  # benchmarks/fp8_decision_h200.py: the measured FP8 decision on one model
 
+    if data.get("kind") == "bf16-weights-gpu" and isinstance(data.get("runs"), list):
+        return "bf16-weights"  # benchmarks/bf16_weights_h200.py: memory and step time of the ways to store weights
+    if data.get("kind") == "parity" and isinstance(data.get("runs"), list):
+        return "parity"  # ampkit parity on the GPU against the CPU (benchmarks/parity_scripts)
     if data.get("kind") == "migrate-speed" and isinstance(data.get("runs"), list):
         return "migrate"  # benchmarks/migrate_speed.py: CPU time of `ampkit migrate` against ast.parse
     if data.get("kind") == "judges" and isinstance(data.get("summary"), dict):
@@ -376,6 +380,43 @@ def judges_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def bf16_weights_section(files: list[dict]) -> list[str]:
+    """benchmarks/bf16_weights_h200.py: the ways to store a BF16 run's weights, memory and step time."""
+    lines = ["## BF16 weights with exact updates (`benchmarks/bf16_weights_h200.py`)", "",
+             "Hugging Face `LlamaForCausalLM` (random weights), eager, fused AdamW, against a hand-written loop with "
+             "FP32 weights under BF16 autocast. `held` is what stays allocated after a step (weights, remainders, "
+             "optimizer states); `peak` includes the forward and backward.", "",
+             "| file | shape | mode | step ms (min-max) | vs hand loop | peak GiB | held GiB |", "|---|---|---|---|---|---|---|"]
+    for data in sorted(files, key=lambda d: d["_file"]):
+        hand = {r["shape"]: r for r in data["runs"] if r.get("mode") == "hand" and "error" not in r}
+        for r in data["runs"]:
+            if "error" in r:
+                lines.append(f"| {data['_file']} | {r['shape']} | {r['mode']} | {r['error'][:60]} | | | |")
+                continue
+            ref = hand.get(r["shape"])
+            ratio = f"{r['step_ms_median'] / ref['step_ms_median']:.3f}" if ref else "-"
+            lines.append(f"| {data['_file']} | {r['shape']} ({r['parameters'] / 1e9:.2f}B) | {r['mode']} | "
+                         f"{r['step_ms_median']:.1f} ({r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}) | {ratio} | "
+                         f"{r['peak_gib']:.2f} | {r['held_after_step_gib']:.2f} |")
+        lines += ["", f"{data['_file']}: {data.get('card')}, torch {data.get('torch')}, {_commit(data)}, {_date(data)}; "
+                  f"split/join exact on the device: {data.get('split_join_exact_on_device')}.", ""]
+    return lines
+
+
+def parity_section(files: list[dict]) -> list[str]:
+    """ampkit parity on an accelerator against the CPU."""
+    lines = ["## `ampkit parity` on the GPU against the CPU", "",
+             "| file | command | ops compared | ops off | worst (of its bound) | seconds (replaying) |",
+             "|---|---|---|---|---|---|"]
+    for data in sorted(files, key=lambda d: d["_file"]):
+        for r in data["runs"]:
+            lines.append(f"| {data['_file']} | `{r.get('command', r['script'])}` | {r['ops_checked']} | {r['off']} | "
+                         f"{r['worst_ratio']:.2f} | {r['seconds']:.1f} ({r['replay_seconds']:.1f}) |")
+        lines += ["", f"{data.get('card')}, torch {data.get('torch')}, {_commit(data)}, {_date(data)}. "
+                  f"{data.get('note', '')}", ""]
+    return lines
+
+
 def mutation_section(files: list[dict]) -> list[str]:
     """benchmarks/mutation.py: the mutants the fast test suite kills, per package, and the survivors."""
     lines = ["## Mutation testing (`benchmarks/mutation.py`)", "",
@@ -591,6 +632,10 @@ def render(results: list[dict] | None = None) -> str:
 
     if by_kind.get("fp8-decision"):
         out += fp8_decision_section(by_kind["fp8-decision"]) + [""]
+    if by_kind.get("bf16-weights"):
+        out += bf16_weights_section(by_kind["bf16-weights"]) + [""]
+    if by_kind.get("parity"):
+        out += parity_section(by_kind["parity"]) + [""]
     if by_kind.get("migrate"):
         out += migrate_section(by_kind["migrate"]) + [""]
     if by_kind.get("judges"):
