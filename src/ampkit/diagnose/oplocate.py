@@ -174,7 +174,9 @@ def classify(func, args, kwargs, out: torch.Tensor, tiny: _Tiny | None = None,
         return UNDERFLOW, (f"the constant {tiny.value:g}{at} (`{tiny.op}`) rounds to 0 in {_dtype_name(tiny.dtype)} "
                            f"(smallest positive value {_smallest(tiny.dtype):.3g}), so it no longer keeps the "
                            f"divisor above 0: {text}")
-    if refs and precision_made([out], refs[:1]):
+    if refs is None:
+        return "", "the op could not be recomputed in FP32 here, so precision is not measured"
+    if precision_made([out], refs[:1]):
         return "", "in FP32 the same op on the same inputs gives finite values"
     return "", "the op gives inf/NaN in FP32 too, on these inputs: not a precision problem"
 
