@@ -162,11 +162,11 @@ class FrameworkFlow:
         for setting, value, statement, plain in collector.settings:
             if setting == FRAMEWORK_KEYWORD or not plain and setting in collector.attr_sinks:
                 self._take(value, statement, FrameworkUse(statement, setting, setting=True))
-        for value, use, scope, name in collector.sinks:
-            self._follow(name, enclosing(use, collector.scopes), FrameworkUse(use, name), collector, 0, set())
+        for _, use, _, name in collector.sinks:
+            self._follow(name, enclosing(use, collector.scopes), FrameworkUse(use, name), 0, set())
 
-    def _follow(self, name: str, chain: list[_Scope], use: FrameworkUse, collector: _Collector, hops: int,
-                seen: set[str]) -> None:
+    def _follow(self, name: str, chain: list[_Scope], use: FrameworkUse, hops: int, seen: set[str]) -> None:
+        """Every value bound to ``name`` in the nearest scope that binds it, and on through plain names."""
         if hops > _MAX_HOPS or name in seen:
             return
         seen.add(name)
@@ -175,7 +175,7 @@ class FrameworkFlow:
                 for value, statement in scope.bindings[name]:
                     self._take(value, statement, use)
                     if isinstance(value, cst.Name):
-                        self._follow(value.value, chain, use, collector, hops + 1, seen)
+                        self._follow(value.value, chain, use, hops + 1, seen)
                 return
 
     def _take(self, value: cst.BaseExpression, statement: cst.CSTNode, use: FrameworkUse) -> None:
