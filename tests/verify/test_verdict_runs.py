@@ -87,7 +87,7 @@ def test_auto_seeds_on_a_task_stop_when_decided():
 
 
 @pytest.mark.parametrize("argv,expect", [
-    (["--max-seeds", "6"], "--max-seeds bounds --seeds auto"),
+    (["--seeds", "3", "--max-seeds", "6"], "--max-seeds bounds --seeds auto"),
     (["--seeds", "auto", "--max-seeds", "2"], "--max-seeds must be an integer >= 3"),
     (["--seeds", "auto", "--continue"], "--continue adds seeds up to a fixed count"),
 ])

@@ -32,11 +32,10 @@ from ampkit.device import parse_device
 from ampkit.diagnose.script_run import STOPPED_BY, ScriptRun, check_script, run_script
 from ampkit.errors import UsageError
 from ampkit.device.policy import bf16_advice
-from ampkit.verify.band import MARGINS, RunOutcome
+from ampkit.verify.band import MARGINS, RunOutcome, seed_reasons
 from ampkit.verify.judge import judge
 from ampkit.verify.interrupt import Interrupted
 from ampkit.verify.compare import TARGET_POINTS, CompareResult, _seed_list, _versions, write_outputs
-from ampkit.verify.band import seed_reasons
 from ampkit.verify.prior import refuse_existing
 from ampkit.verify.script_speed import step_speed
 from ampkit.verify.sequential import MAX_SEEDS, Looks, auto_looks, run_until_decided, stopped
