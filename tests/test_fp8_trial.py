@@ -337,3 +337,14 @@ def test_gpu_trial_times_real_steps_and_converts_the_winner(tmp_path):
 
         report = convert(model, chosen=to_report(model, result))
         assert report.converted == result.converted
+
+
+def test_train_compare_and_bench_progress_views_print_the_trial(capsys):
+    from ampkit.cli.bench import _Progress as BenchView
+    from ampkit.cli.compare import _Progress as CompareView
+    from ampkit.cli.train import _Bar as TrainView
+
+    ev = {"event": "fp8_trial", "phase": "done", "summary": "FP8 trial (eager, tensorwise): bf16 1.00 ms: S"}
+    for view in (BenchView(), TrainView(enabled=False), CompareView(enabled=False, quiet=False)):
+        view(ev)
+        assert "FP8 trial (eager, tensorwise): bf16 1.00 ms: S" in capsys.readouterr().err, view

@@ -1,7 +1,8 @@
 """The models the fp8 rows of ``ampkit bench`` train: per recipe and mode, a copy converted as the FP8 plan says.
 
 Eager and compiled FP8 differ a lot (torch.compile fuses the casts to FP8 into neighbouring kernels), so each
-mode gets its own plan from the cost model (:func:`ampkit.engine.fp8_choice.choose_fp8`); two plans that
+mode gets its own decision (:func:`ampkit.engine.fp8_choice.choose_fp8`): on an accelerator a trial that times
+layer sets of this workload in that mode (:func:`trial_setup`), elsewhere the cost model; two plans that
 convert the same layers share one copy. A mode where no layer pays gets its refusal line instead of a
 model, and its rows say so (status ``refused``): bench never reports an FP8 row slower by construction
 without saying why. ``--fp8-layers eligible`` converts every layer the shape filter allows.

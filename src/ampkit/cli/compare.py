@@ -265,6 +265,12 @@ class _Progress(ProgressView):
                 self.progress.update(self.bar, description=f"explain: {ev['what']}")
             else:
                 self.err.print(f"explain: {ev['what']}", highlight=False)
+        elif kind == "fp8_trial":  # the FP8 decision timing the model (the first FP8 run; cached after)
+            from ampkit.cli.fp8view import fp8_trial_line
+
+            line = fp8_trial_line(ev)
+            if line:
+                self.err.print(line, highlight=False, soft_wrap=True)
 
 
 def next_step(r) -> str:

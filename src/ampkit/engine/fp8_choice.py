@@ -5,15 +5,19 @@ the model's layer shapes, the tokens a step and whether the model is compiled, s
 (``ampkit train``, ``ampkit bench``) calls :func:`choose_fp8` once, before the model is wrapped or
 compiled, and the :class:`~ampkit.device.policy.Precision` it returns is the run's from then on:
 
-* ``--precision fp8`` with ``layers="paying"`` (the default): the layers converted are those the cost model
-  (:mod:`ampkit.engine.fp8_cost`, probed on this card at first use) predicts faster in FP8; when none is,
-  the request is **refused** with one line and the fix (it was asked for by name: falling back would hide
-  that it cannot pay). Without a cost model (no probe possible) the layers are chosen by shape and the note
-  says so.
+* ``--precision fp8`` with ``layers="paying"`` (the default) and a ``trial`` (the caller can time the model:
+  ``train``, ``compare`` and ``bench`` on an accelerator): :func:`measured_decision` times BF16, FP8 on every
+  eligible layer and a pruned candidate or two on the model itself (:mod:`ampkit.engine.fp8_trial`); the
+  fastest converts if it beats BF16 beyond the rounds' spread and by 3 %, else the request is **refused** with
+  the measured reason (it was asked for by name: falling back would hide that it cannot pay). The cost model
+  only orders the candidates.
+* the same without a trial (the CPU, several processes): the layers the cost model
+  (:mod:`ampkit.engine.fp8_cost`, probed on this card at first use) predicts faster in FP8, refused when none
+  is; without a cost model the layers are chosen by shape and the note says so.
 * ``layers="eligible"``: every layer the filter allows (alignment, head, ``keep``), speed not checked: for
   FP8's numerics or memory.
-* ``auto``: BF16 stays unless the card has FP8, torchao is installed and the plan predicts at least
-  :data:`AUTO_MIN_SPEEDUP` on the linear layers; either way one note says what was decided and why.
+* ``auto``: BF16 stays unless the card has FP8, torchao is installed and the trial measures (without a trial:
+  the plan predicts) at least :data:`AUTO_MIN_SPEEDUP`; either way one note says what was decided and why.
 """
 
 from __future__ import annotations

@@ -132,8 +132,9 @@ def graph_blocker(config: TrainConfig, ctx: DistContext | None, task: Task, call
 def _fp8(config: TrainConfig, ctx: DistContext | None, task: Task, model: nn.Module, precision: Precision,
          *, auto: bool, notes: list[str], progress: Any = None) -> Precision:
     """The run's FP8 decision (once, before any wrapper): converts the layers that pay and returns the run's
-    precision (``auto`` may become FP8; an explicit fp8 no layer pays for is refused). Train steps run eagerly
-    (or as a step graph), so the eager cost model decides."""
+    precision (``auto`` may become FP8; an explicit fp8 that does not pay is refused). Train steps run eagerly
+    (or as a step graph), so the decision is for eager steps: a trial on the model where one process runs on an
+    accelerator (:mod:`ampkit.training.fp8_decision`), else the eager cost model."""
     if precision.name != "fp8" and not (auto and precision.name == "bf16"):
         return precision
     from ampkit.engine.fp8 import convert
