@@ -136,3 +136,12 @@ def test_any_error_of_a_user_factory_is_one_line_that_names_it(tmp_path, monkeyp
     assert line == (f"ampkit {argv[0]}: error: FileNotFoundError: [Errno 2] No such file or directory: "
                     f"'{tmp_path / 'data.csv'}' (in your factory mytask.py:make_task, mytask.py:6): fix the factory, "
                     "or the options given to it with --task-arg"), line
+
+
+def test_migrate_diff_to_a_full_stdout(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nscaler = torch.cuda.amp.GradScaler()\n")
+    with open("/dev/full", "w") as full:
+        proc = _cli("migrate", str(script), cwd=tmp_path, stdout=full)
+    assert proc.returncode == 1
+    assert _one_line(proc.stderr) == "ampkit migrate: error: cannot write to standard output: No space left on device"

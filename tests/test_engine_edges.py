@@ -61,35 +61,41 @@ def test_loading_a_scheduler_state_is_not_a_hand_step(fused):
     assert sched.last_epoch == 4
 
 
-def test_a_lambda_that_reads_loop_state_is_refused_with_a_fused_optimizer():
+@pytest.mark.parametrize("kind", ["LambdaLR", "MultiplicativeLR", "SequentialLR"])
+def test_a_lambda_that_reads_loop_state_is_refused_at_the_step_it_changes(kind):
     """With a fused optimizer the schedule is evaluated ahead: a function of a loop variable would keep the
-    old rate. The engine evaluates it again at the next sync and refuses the difference."""
+    old rate. The engine calls the function again at every step (host only) and refuses the difference at
+    the step whose rate it would have made stale, before that rate is used: a loop of a few steps that never
+    calls stats() (the case a check at sync or at table extension misses) trains on no stale rate."""
+    model, opt = _setup(True)
+    phase = {"factor": 1.0}
+    if kind == "SequentialLR":  # a user's function inside a chain, at its own step count (after the milestone)
+        sched = L.SequentialLR(opt, [L.ConstantLR(opt, factor=0.5, total_iters=2),
+                                     L.LambdaLR(opt, lambda step: phase["factor"])], milestones=[2])
+    else:
+        sched = getattr(L, kind)(opt, lambda step: phase["factor"])
+    amp = MixedPrecision("bf16")
+    with pytest.raises(UsageError, match=r"LR gives other learning rates now .* must depend on the step"):
+        for i in range(8):  # far fewer steps than a chunk, and no stats()
+            if i == 5:
+                phase["factor"] = 0.9  # e.g. a loop that lowers the rate after validation
+            amp.backward(_loss(model, i))
+            amp.step(opt, scheduler=sched)
+    assert i == 5  # the step after which the evaluated-ahead rate would have been stale
+
+
+def test_a_lambda_that_reads_loop_state_is_refused_at_a_sync_too():
+    """A change of the loop state and a sync before the next step: the sync's own check refuses it."""
     model, opt = _setup(True)
     phase = {"factor": 1.0}
     sched = L.LambdaLR(opt, lambda step: phase["factor"])
     amp = MixedPrecision("bf16")
-    for i in range(4):
-        if i == 2:
-            phase["factor"] = 0.1  # e.g. a loop that lowers the rate after validation
+    for i in range(3):
         amp.backward(_loss(model, i))
         amp.step(opt, scheduler=sched)
+    phase["factor"] = 0.1
     with pytest.raises(UsageError, match=r"LambdaLR gives other learning rates now .* must depend on the step"):
         amp.stats()
-
-
-def test_a_lambda_that_reads_loop_state_is_refused_without_stats_when_the_table_is_extended():
-    from ampkit.engine.schedule import CHUNK
-
-    model, opt = _setup(True)
-    phase = {"factor": 1.0}
-    sched = L.LambdaLR(opt, lambda step: phase["factor"])
-    amp = MixedPrecision("bf16")
-    with pytest.raises(UsageError, match=r"LambdaLR gives other learning rates now"):
-        for i in range(2 * CHUNK + 2):  # a loop that never calls stats()
-            phase["factor"] = 0.1 if i >= 10 else 1.0
-            amp.backward(_loss(model, i % 7))
-            amp.step(opt, scheduler=sched)
-    assert CHUNK <= i <= 2 * CHUNK + 1
 
 
 def test_a_lambda_of_the_step_only_passes_the_check():

@@ -56,3 +56,21 @@ def test_the_script_dies_with_a_killed_ampkit(tmp_path):
         assert not wait_gone([child], 10), "the script's process outlived a SIGKILLed ampkit"
     finally:
         kill_all(tree)
+
+
+@pytest.mark.slow  # one more script start on the busy 2-core machine: about 20 s
+def test_a_stopped_audit_stops_the_script(tmp_path):
+    pidfile = tmp_path / "helper.pid"
+    proc = start_cli("audit", SCRIPT, str(pidfile), cwd=tmp_path)
+    helper = wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 120, "the script to start")
+    tree = [p.pid for p in descendants(proc.pid)] + [int(helper)]
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143, err
+        assert not wait_gone(tree, 10), f"still running: {alive(tree)}"
+        assert err.strip().splitlines()[-1] == ("ampkit audit: stopped by SIGTERM (the script's run stopped, with all "
+                                                "it started; nothing was audited)"), err
+    finally:
+        proc.kill()
+        kill_all(tree)

@@ -89,7 +89,8 @@ def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    _signal_group(proc.pid, signal.SIGKILL)
+    finally:  # also when a second Ctrl-C cuts the grace period short
+        _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
 
 

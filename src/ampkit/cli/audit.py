@@ -59,10 +59,14 @@ def _run_script(args) -> int:
             raise UsageError(f"{flag} is for tasks, not for a SCRIPT (the script decides its model and device): drop it")
     import signal
 
-    from ampkit.verify.interrupt import stop_on_signals
+    from ampkit.verify.interrupt import Interrupted, stop_on_signals
 
-    with stop_on_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):  # stops the script's run with ampkit
-        result = audit_script(args.script, args.script_args, precision=args.precision)
+    try:
+        with stop_on_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):  # stops the script's run with ampkit
+            result = audit_script(args.script, args.script_args, precision=args.precision)
+    except Interrupted as stop:
+        raise Interrupted(stop.signum, "(the script's run stopped, with all it started; nothing was audited)") \
+            from None
     reason = "as the script runs it" if args.precision in (None, "auto") else f"--precision {args.precision} forced"
     if args.json:
         print_json({"task": args.script, "script": args.script, "args": args.script_args, "reason": reason,

@@ -34,8 +34,10 @@ What is refused, because it would silently give other learning rates than the us
 * A schedule that reads state other than its step count (a ``LambdaLR`` whose function reads loop
   variables): with a fused optimizer it is evaluated ahead, so it is evaluated again at every
   :meth:`DeviceSchedule.sync` (``stats()``, ``state_dict()``) and, for ``LambdaLR`` /
-  ``MultiplicativeLR`` (whose functions are the user's), each chunk when the table is extended; other
-  learning rates now than ahead are refused, naming the step. Use a non-fused optimizer (its scheduler
+  ``MultiplicativeLR`` (whose functions are the user's, also inside ``SequentialLR`` / ``ChainedScheduler``),
+  at every step (the function called again on the host for the step the next rate comes from, before that
+  rate is used) and each chunk when the table is extended; other learning rates now than ahead are
+  refused, naming the step. Use a non-fused optimizer (its scheduler
   is stepped when it is needed) or a function of the step only.
 * A scheduler passed to ``amp.step`` not from its optimizer's first step on, or not at every step (a
   per-epoch scheduler passed on an epoch's last batch, whose skip would hold the learning rate for a
@@ -139,7 +141,10 @@ class DeviceSchedule:
         self._rows: dict[int, list[list[float]]] = {}  # chunk start -> its rows, as evaluated ahead
         # a user's function (LambdaLR, MultiplicativeLR) may read loop state: its chunks are checked on extension
         user = (torch.optim.lr_scheduler.LambdaLR, torch.optim.lr_scheduler.MultiplicativeLR)
-        self._user_fn = any(isinstance(s, user) for s in (scheduler, *getattr(scheduler, "_schedulers", ())))
+        self._users = [s for s in (scheduler, *getattr(scheduler, "_schedulers", ())) if isinstance(s, user)]
+        self._user_fn = bool(self._users)
+        self._probes: dict[int, list[list[tuple[int, int, list[float]]]]] = {}  # chunk start -> per step: the
+        self._probe: list[list[tuple[int, int, list[float]]]] | None = None   # user functions' values ahead
         self._extend()
         self.marks = _marks(scheduler)  # the live scheduler's state when ampkit last set it
 
@@ -155,6 +160,8 @@ class DeviceSchedule:
         self._host_steps += 1
         while self._host_steps >= self.table.shape[0] and not self.exhausted:
             self._extend()
+        if self._user_fn:
+            self._check_user_fns(self._host_steps)  # before the next rate is copied in: no stale step is taken
         if self.bad_from is not None and self._host_steps >= self.bad_from:
             self._refuse_bad(found_inf)  # a non-finite rate is within reach: one host read, then only
         self.position.add_(1).sub_(found_inf.to(torch.int64))
@@ -163,6 +170,26 @@ class DeviceSchedule:
             index = index.clamp(max=self.table.shape[0] - 1)
         rows = self.table.index_select(0, index)[0]
         compat.foreach_copy_(self.lrs, list(rows.unbind()))
+
+    def _check_user_fns(self, position: int) -> None:
+        """The user's functions (LambdaLR, MultiplicativeLR) called now, at the step the next rate comes from,
+        must give what they gave when evaluated ahead: one that reads loop state is refused at the step after
+        the state changed, not at the next sync or table extension (a loop shorter than a chunk that never
+        calls stats() would otherwise train on stale rates to its end). Host-only: calls to the user's
+        functions, no device read. (Skips keep the device position behind ``position``: a function of loop
+        state differs there too.)"""
+        start = max((s for s in self._probes if s < position), default=None)
+        if start is None or position - start > len(self._probes[start]):
+            return
+        for index, epoch, before in self._probes[start][position - start - 1]:
+            user = self._users[index]
+            now = [float(fn(epoch)) for fn in user.lr_lambdas]
+            if now != before and not all(math.isnan(a) and math.isnan(b) for a, b in zip(now, before)):
+                raise UsageError(
+                    f"{type(user).__name__} gives other learning rates now (its function: {now} at step {epoch}) "
+                    f"than when ampkit evaluated it ahead ({before}): with a fused optimizer the schedule is "
+                    "evaluated ahead, so it must depend on the step count only (not on loop variables). Use a "
+                    "function of the step, or a non-fused optimizer (fused=False)")
 
     def _refuse_bad(self, found_inf: torch.Tensor) -> None:
         if int(self.position) + 1 - int(found_inf) >= self.bad_from:
@@ -198,12 +225,19 @@ class DeviceSchedule:
         if previous is not None and self._user_fn:  # the last chunk again: a function reading loop state shows
             self._verify(previous, self._simulate(*self._snapshots[previous], start - previous, keep=False)[0])
         state, lrs = self._snapshots[start]
-        rows, end = self._simulate(state, lrs, CHUNK, keep=False)
+        self._probe = [] if self._user_fn else None
+        try:
+            rows, end = self._simulate(state, lrs, CHUNK, keep=False)
+        finally:
+            probe, self._probe = self._probe, None
         self.marks = _marks(self.scheduler)
         if not rows:
             return
         self._rows = {k: v for k, v in self._rows.items() if k >= (previous or 0)}  # the last two chunks
         self._rows[start] = rows
+        if probe is not None:
+            self._probes = {k: v for k, v in self._probes.items() if k >= (previous or 0)}
+            self._probes[start] = probe
         bad = next((i for i, row in enumerate(rows) if not all(map(math.isfinite, row))), None)
         if bad is not None and self.bad_from is None:
             self.bad_from, self.bad_row = start + bad + 1, rows[bad]
@@ -237,6 +271,9 @@ class DeviceSchedule:
                         self.exhausted = True  # the table ends here
                         break
                     rows.append([float(g["lr"]) for g in self.groups])
+                    if self._probe is not None:  # each user function's value at its own step, as used now
+                        self._probe.append([(i, u.last_epoch, [float(fn(u.last_epoch)) for fn in u.lr_lambdas])
+                                            for i, u in enumerate(self._users)])
             self.moves_other |= others != [_others(g) for g in self.groups]
             end = (copy.deepcopy(sched.state_dict()), [g["lr"].clone() for g in self.groups])
         finally:
