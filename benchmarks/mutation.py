@@ -341,10 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     kept = []
     if args.update and out.is_file():
         ids = {m.id for m in mutants}
-        kept = [r for r in json.loads(out.read_text(encoding="utf-8"))["results"] if r["id"] not in ids]
+        prior = json.loads(out.read_text(encoding="utf-8"))
+        # each kept record says which commit it ran on (the file's git_commit becomes this run's)
+        kept = [{**r, "git_commit": r.get("git_commit") or prior.get("git_commit")} for r in prior["results"]
+                if r["id"] not in ids]
 
     def save(report: dict) -> dict:
         if kept:
+            report["results"] = [{**r, "git_commit": head["git_commit"]} for r in report["results"]]
             order = {m["id"] if isinstance(m, dict) else m.id: i for i, m in enumerate(_realistic())}
             results = sorted(kept + report["results"], key=lambda r: order.get(r["id"], len(order)))
             report = {**report, "results": results, **summarize(results, args.bar)}
