@@ -300,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auto", metavar="PACKAGE", help="automatic mutants of src/ampkit/PACKAGE (e.g. checkpoint, "
                                                       "or one file: checkpoint/rotation.py)")
     ap.add_argument("--limit", type=int, default=None, help="with --auto: a random sample of this many")
+    ap.add_argument("--tests", default=None, metavar="ARGS",
+                    help="with --auto: the pytest arguments instead of the package's (PACKAGE_TESTS)")
     ap.add_argument("--seed", type=int, default=0, help="with --auto --limit: the sample's seed")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default 300)")
     ap.add_argument("--bar", type=float, default=0.95, help="the kill rate to reach (default 0.95)")
@@ -311,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.auto:
         mutants = auto_mutants(args.auto)
+        if args.tests:
+            import shlex
+
+            for m in mutants:
+                m.tests = shlex.split(args.tests)
         if args.limit is not None and args.limit < len(mutants):
             mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     else:
@@ -331,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     today = _dt.date.today().isoformat()
-    out = args.out or RESULTS / (f"mutation-auto-{args.auto.replace('/', '-')}-{today}.json" if args.auto
+    out = args.out or RESULTS / (f"mutation-auto-{args.auto.removesuffix('.py').replace('/', '-')}-{today}.json" if args.auto
                                  else f"mutation-{today}.json")
     head = {"kind": "mutation", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "versions": _versions(),
