@@ -296,7 +296,7 @@ def _realistic() -> list:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these realistic mutants")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutants (ids as --list shows them)")
     ap.add_argument("--auto", metavar="PACKAGE", help="automatic mutants of src/ampkit/PACKAGE (e.g. checkpoint, "
                                                       "or one file: checkpoint/rotation.py)")
     ap.add_argument("--limit", type=int, default=None, help="with --auto: a random sample of this many")
@@ -322,11 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     else:
         mutants = [m if isinstance(m, Mutant) else Mutant(**m) for m in _realistic()]
-        if args.only:
-            unknown = set(args.only) - {m.id for m in mutants}
-            if unknown:
-                ap.error(f"unknown mutant ids: {', '.join(sorted(unknown))} (see --list)")
-            mutants = [m for m in mutants if m.id in args.only]
+    if args.only:
+        unknown = set(args.only) - {m.id for m in mutants}
+        if unknown:
+            ap.error(f"unknown mutant ids: {', '.join(sorted(unknown))} (see --list)")
+        mutants = [m for m in mutants if m.id in args.only]
     for m in mutants:  # every edit must apply to today's code before anything runs
         try:
             mutate_text((SRC / "ampkit" / m.file).read_text(encoding="utf-8"), m)
