@@ -296,10 +296,12 @@ def _realistic() -> list:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these realistic mutants")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutants (ids as --list shows them)")
     ap.add_argument("--auto", metavar="PACKAGE", help="automatic mutants of src/ampkit/PACKAGE (e.g. checkpoint, "
                                                       "or one file: checkpoint/rotation.py)")
     ap.add_argument("--limit", type=int, default=None, help="with --auto: a random sample of this many")
+    ap.add_argument("--tests", default=None, metavar="ARGS",
+                    help="with --auto: the pytest arguments instead of the package's (PACKAGE_TESTS)")
     ap.add_argument("--seed", type=int, default=0, help="with --auto --limit: the sample's seed")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default 300)")
     ap.add_argument("--bar", type=float, default=0.95, help="the kill rate to reach (default 0.95)")
@@ -311,15 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.auto:
         mutants = auto_mutants(args.auto)
+        if args.tests:
+            import shlex
+
+            for m in mutants:
+                m.tests = shlex.split(args.tests)
         if args.limit is not None and args.limit < len(mutants):
             mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: (m.file, m.line))
     else:
         mutants = [m if isinstance(m, Mutant) else Mutant(**m) for m in _realistic()]
-        if args.only:
-            unknown = set(args.only) - {m.id for m in mutants}
-            if unknown:
-                ap.error(f"unknown mutant ids: {', '.join(sorted(unknown))} (see --list)")
-            mutants = [m for m in mutants if m.id in args.only]
+    if args.only:
+        unknown = set(args.only) - {m.id for m in mutants}
+        if unknown:
+            ap.error(f"unknown mutant ids: {', '.join(sorted(unknown))} (see --list)")
+        mutants = [m for m in mutants if m.id in args.only]
     for m in mutants:  # every edit must apply to today's code before anything runs
         try:
             mutate_text((SRC / "ampkit" / m.file).read_text(encoding="utf-8"), m)
@@ -331,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     today = _dt.date.today().isoformat()
-    out = args.out or RESULTS / (f"mutation-auto-{args.auto.replace('/', '-')}-{today}.json" if args.auto
+    out = args.out or RESULTS / (f"mutation-auto-{args.auto.removesuffix('.py').replace('/', '-')}-{today}.json" if args.auto
                                  else f"mutation-{today}.json")
     head = {"kind": "mutation", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "versions": _versions(),
@@ -341,10 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     kept = []
     if args.update and out.is_file():
         ids = {m.id for m in mutants}
-        kept = [r for r in json.loads(out.read_text(encoding="utf-8"))["results"] if r["id"] not in ids]
+        prior = json.loads(out.read_text(encoding="utf-8"))
+        # each kept record says which commit it ran on (the file's git_commit becomes this run's)
+        kept = [{**r, "git_commit": r.get("git_commit") or prior.get("git_commit")} for r in prior["results"]
+                if r["id"] not in ids]
 
     def save(report: dict) -> dict:
         if kept:
+            report["results"] = [{**r, "git_commit": head["git_commit"]} for r in report["results"]]
             order = {m["id"] if isinstance(m, dict) else m.id: i for i, m in enumerate(_realistic())}
             results = sorted(kept + report["results"], key=lambda r: order.get(r["id"], len(order)))
             report = {**report, "results": results, **summarize(results, args.bar)}

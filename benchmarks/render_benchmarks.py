@@ -423,15 +423,18 @@ def mutation_section(files: list[dict]) -> list[str]:
              "Each mutant is one realistic break of the code (or, with `--auto`, one operator or constant changed); "
              "killed when the fast tests that claim the behaviour fail. The mutants: `benchmarks/mutants.py`.", "",
              "| file | commit | mode | package | killed / mutants | kill rate |", "|---|---|---|---|---|---|"]
-    for data in sorted(files, key=lambda d: d["_file"]):
+    files = sorted(files, key=lambda d: d["_file"])
+    for data in files:
         rows = [*data["packages"].items(), ("**all**", {**data["total"], "timeouts": 0})]
         for name, p in rows:
             rate = p["kill_rate"]
             lines.append(f"| {data['_file']} | `{str(data.get('git_commit'))[:10]}` | {data.get('mode')} | {name} | "
                          f"{p['killed'] + p.get('timeouts', 0)} / {p['mutants']} | "
                          f"{'-' if rate is None else f'{rate:.0%}'} |")
+    lines.append("")
+    for data in files:
         survivors = ", ".join(f"`{r['id']}`" for r in data.get("survivors", [])) or "none"
-        lines += ["", f"Survivors in {data['_file']}: {survivors}."]
+        lines.append(f"- survivors in {data['_file']}: {survivors}")
     return lines
 
 

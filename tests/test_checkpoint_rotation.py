@@ -6,14 +6,16 @@ from __future__ import annotations
 from ampkit.checkpoint.rotation import is_good, last_good, mark_good, rotate
 
 
-def _amp(skipped: int, consecutive: int) -> dict:
-    # MixedPrecision.state_dict()["counters"]: 0 skipped in total, 1 consecutive skips, 2 max consecutive, ...
-    return {"counters": [skipped, consecutive, consecutive, 0.0, 0.0]}
+def _amp(skipped: int, consecutive: int, longest: int | None = None) -> dict:
+    # MixedPrecision.state_dict()["counters"]: 0 skipped in total, 1 consecutive skips, 2 the longest streak
+    # since the last read, 3 the last grad norm, ...
+    return {"counters": [skipped, consecutive, consecutive if longest is None else longest, 0.0, 0.0]}
 
 
 def test_good_reads_the_consecutive_skips_not_the_total():
     assert is_good(_amp(skipped=1, consecutive=0))  # one early skip, then healthy steps: good
     assert is_good(_amp(skipped=7, consecutive=0))
+    assert is_good(_amp(skipped=3, consecutive=0, longest=3))  # a streak that ended before the save
     assert not is_good(_amp(skipped=1, consecutive=1))  # saved in a streak
     assert not is_good(_amp(skipped=0, consecutive=3))
     assert is_good(None) and is_good({})  # no engine state: nothing says otherwise
