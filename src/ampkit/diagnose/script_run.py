@@ -47,6 +47,9 @@ class ScriptRun:
     cpu_s: float
     audit: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    switched: dict[str, int] = field(default_factory=dict)  # low-precision conversions made no-ops (FP32 runs)
+    low_weights: list[str] = field(default_factory=list)  # dtypes the script converted its model to (AMP runs)
+    ranks: int = 1
 
 
 def check_script(path: str, what: str = "compare") -> str:
@@ -66,11 +69,13 @@ def check_script(path: str, what: str = "compare") -> str:
 
 def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, seed: int, folder: str | Path,
                precision: str | None = None, steps: int | None = None, audit: bool = False,
-               timeout_s: float | None = None, entry: str = "ampkit.diagnose.script_run") -> ScriptRun:
+               timeout_s: float | None = None, entry: str = "ampkit.diagnose.script_run",
+               launch: Any = None) -> ScriptRun:
     """Run ``python script *args`` once in a fresh process in ``mode`` (``"fp32"``/``"amp"``) with seed ``seed``.
 
     ``precision`` (``"bf16"``/``"fp16"``) forces the AMP runs' autocast dtype; ``steps`` stops the script after
-    that many optimizer steps; ``audit`` stops after the first step and keeps the recorder's result (``entry``: the
+    that many optimizer steps; ``launch`` (a :class:`~ampkit.diagnose.script_launch.Launch`) runs every rank
+    under torchrun / accelerate launch and merges the ranks' records; ``audit`` stops after the first step and keeps the recorder's result (``entry``: the
     child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
     Raises :class:`~ampkit.errors.UsageError` with one line when the script cannot be compared: it crashed
     (its own error line), it never took an optimizer step, or it does something switching cannot undo."""
@@ -78,34 +83,49 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"script": full, "args": list(args), "mode": mode, "seed": seed, "steps": 1 if audit else steps,
-            "dtype": _DTYPES.get(precision or ""), "audit": audit, "out": str(folder / "run.json")}
+            "dtype": _DTYPES.get(precision or ""), "audit": audit, "out": str(folder / "run.json"),
+            "launched": launch is not None}
     (folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
     result_file = Path(spec["out"])
     if result_file.exists():
         result_file.unlink()  # a stale record of an earlier comparison must not pass for this run's
+    if launch is not None:
+        from ampkit.diagnose import script_launch
+
+        script_launch.clear_records(result_file)
     env = dict(os.environ, PYTHONHASHSEED="0")
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     t0 = time.perf_counter()
     with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
         try:
-            proc = subprocess.run([sys.executable, "-m", entry, str(folder / "spec.json")],
-                                  stdout=out, stderr=err, env=env, timeout=timeout_s)
+            if launch is None:
+                code = subprocess.run([sys.executable, "-m", entry, str(folder / "spec.json")],
+                                      stdout=out, stderr=err, env=env, timeout=timeout_s).returncode
+            else:
+                code = script_launch.launch_process(launch.argv(entry, str(folder / "spec.json")), env=env,
+                                                    stdout=out, stderr=err, timeout_s=timeout_s)
         except subprocess.TimeoutExpired:
             raise UsageError(f"{_label(mode, seed)} of {script} did not finish in {timeout_s:.0f} s: pass --steps N "
                              f"to stop each run after N optimizer steps") from None
     wall = time.perf_counter() - t0
     stdout = (folder / "stdout.txt").read_text(encoding="utf-8", errors="replace")
-    if not result_file.exists():
+    if launch is not None:
         tail = _last_line((folder / "stderr.txt").read_text(encoding="utf-8", errors="replace"))
-        raise UsageError(f"the {_label(mode, seed)} of {script} ended without a record (exit {proc.returncode})"
+        rec = script_launch.merge_ranks(script_launch.rank_records(result_file), code=code, tail=tail,
+                                        what=f"the {_label(mode, seed)} of {script} ({launch.describe()})")
+    elif not result_file.exists():
+        tail = _last_line((folder / "stderr.txt").read_text(encoding="utf-8", errors="replace"))
+        raise UsageError(f"the {_label(mode, seed)} of {script} ended without a record (exit {code})"
                          + (f": {tail}" if tail else "") + f"; its output is in {folder}")
-    rec = json.loads(result_file.read_text(encoding="utf-8"))
+    else:
+        rec = json.loads(result_file.read_text(encoding="utf-8"))
     _refuse(rec, script, mode, seed, folder)
     return ScriptRun(mode=mode, seed=seed, steps=rec["steps"], losses=rec["losses"], skipped=rec["skipped"],
                      scales=rec["scales"], stopped=rec["stopped"], autocast=rec["autocast"], scalers=rec["scalers"],
                      scaler_enabled=rec["scaler_enabled"], stdout=stdout, folder=str(folder), wall_s=wall,
-                     cpu_s=rec["cpu_s"], audit=rec.get("audit"))
+                     cpu_s=rec["cpu_s"], audit=rec.get("audit"), switched=rec.get("switched", {}),
+                     low_weights=rec.get("low_weights", []), ranks=rec.get("ranks", 1))
 
 
 def _label(mode: str, seed: int) -> str:
@@ -151,7 +171,15 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
     c0 = time.process_time()
     full = spec["script"]
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
+    out = spec["out"]
+    rank = {}
+    if spec.get("launched"):  # one record per rank; the parent merges them (script_launch.merge_ranks)
+        from ampkit.diagnose.script_launch import rank_out
+
+        out, r, world = rank_out(out)
+        rank = {"rank": r, "world": world}
     sw = Switch(mode=spec["mode"], seed=spec["seed"], dtype=dtype, steps=spec["steps"],
+                distributed=bool(spec.get("launched")), user_dir=os.path.dirname(full),
                 on_backward=recorder.on_backward if recorder else None, on_step=recorder.on_step if recorder else None)
     sw.quiet = recorder.state if recorder else None
     rec: dict[str, Any] = {"refusal": None, "error": None, "where": None, "stopped": "finished"}
@@ -183,10 +211,11 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
         print(script_traceback(exc, user.is_user_file), file=sys.stderr)
     sys.stdout.flush()
     rec.update(steps=sw.step, autocast=sorted(sw.autocast_seen), scalers=sw.scalers, scaler_enabled=sw.scaler_enabled,
-               **sw.read(), cpu_s=time.process_time() - c0)
+               **sw.read(), cpu_s=time.process_time() - c0, switched=sw.dtypes.switched,
+               low_weights=sorted(sw.dtypes.low_weights), **rank)
     if recorder is not None and not rec["refusal"] and not rec["error"]:
         rec["audit"] = recorder.result(sw)
-    Path(spec["out"]).write_text(json.dumps(rec, default=str) + "\n", encoding="utf-8")
+    Path(out).write_text(json.dumps(rec, default=str) + "\n", encoding="utf-8")
     return 0
 
 
