@@ -12,7 +12,8 @@ A script that trains in BF16/FP16 without autocast converts its model (``model.t
 * inputs follow the weights: ``Tensor.to(low)`` / ``.half()`` / ``.bfloat16()`` of a floating tensor leave its
   dtype, and a module whose parameters are FP32 gets its low-precision floating inputs cast to FP32 (a forward
   pre-hook; covers inputs created in low precision by a factory);
-* at the first optimizer step, a parameter that is still low precision (created so directly, e.g.
+* at a module's forward or the first optimizer step, a parameter that is still low precision (created so
+  directly, e.g.
   ``nn.Linear(..., dtype=torch.bfloat16)`` or loaded from a low-precision file) ends the run with a
   :class:`~ampkit.diagnose.switch.Refusal` that names it: then no FP32 reference can be made by switching.
 
@@ -172,9 +173,11 @@ class DtypeSwitch:
         return make
 
     def _inputs_follow_weights(self, module, args):
+        own = next(module.parameters(recurse=False), None)
+        if own is not None and own.dtype in LOW:
+            self._refuse(own, f"{type(module).__name__}'s parameter")
         if not any(isinstance(a, torch.Tensor) and a.dtype in LOW for a in args):
             return None
-        own = next(module.parameters(recurse=False), None)
         if own is None or own.dtype != torch.float32:
             return None
         self._inputs_cast += 1
@@ -188,10 +191,14 @@ class DtypeSwitch:
         for group in getattr(optimizer, "param_groups", []):
             for p in group.get("params", []):
                 if isinstance(p, torch.Tensor) and p.dtype in LOW:
-                    done = "; ".join(self.switched) or "none"
-                    raise self.refusal(
-                        f"a parameter of shape {tuple(p.shape)} is still {_dname(p.dtype)} in the FP32 run although "
-                        f"the conversions ampkit knows were made no-ops (switched: {done}): it was created in low "
-                        f"precision directly (e.g. nn.Linear(..., dtype=torch.{_dname(p.dtype)}), a tensor factory "
-                        f"with dtype=, or loaded from a {_dname(p.dtype)} file); create it in float32 and convert "
-                        f"the model with model.to(torch.{_dname(p.dtype)}) so that the FP32 run can keep it FP32")
+                    self._refuse(p, "a parameter")
+
+    def _refuse(self, p: torch.Tensor, what: str) -> None:
+        done = "; ".join(self.switched) or "none"
+        name = _dname(p.dtype)
+        raise self.refusal(
+            f"{what} of shape {tuple(p.shape)} is still {name} in the FP32 run at {self._where()} although the "
+            f"conversions ampkit knows were made no-ops (switched: {done}): it was created in low precision directly "
+            f"(e.g. nn.Linear(..., dtype=torch.{name}), a tensor factory with dtype=, or loaded from a {name} file); "
+            f"create it in float32 and convert the model with model.to(torch.{name}) so that the FP32 run can keep "
+            f"it FP32")
