@@ -83,3 +83,17 @@ def test_pure_bf16_harm_below_tolerance_passes():
     result = compare_script(PURE, ["--lr", "0.05", "--noise", "2"], seeds=3, run_audit=False)
     assert result.verdict == "pass", result.reasons
     assert any(n.startswith("pure low precision: the FP32 runs kept FP32") for n in result.notes)
+
+
+@pytest.mark.slow
+def test_fabric_bf16_true_fp32_run_keeps_fp32(tmp_path):
+    """Fabric "bf16-true" converts the module and the inputs itself: switched off in FP32, as written in AMP."""
+    from ampkit.diagnose.script_run import run_script
+
+    fp32 = run_script(str(SCRIPTS / "fabric_loop.py"), ["bf16-true"], mode="fp32", seed=0, folder=tmp_path / "f",
+                      steps=3)
+    amp = run_script(str(SCRIPTS / "fabric_loop.py"), ["bf16-true"], mode="amp", seed=0, folder=tmp_path / "a",
+                     steps=3)
+    assert fp32.steps == amp.steps == 3 and fp32.low_weights == [] and amp.low_weights == ["cpu:bfloat16"]
+    assert any(k.startswith(("Sequential.to(bfloat16)", "torch.set_default_dtype(bfloat16)")) for k in fp32.switched)
+    assert abs(fp32.losses[0] - amp.losses[0]) < 0.05 and fp32.losses[0] != amp.losses[0]
