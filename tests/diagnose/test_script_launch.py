@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ampkit.cli import main
-from ampkit.diagnose.script_launch import Launch, is_launcher, launch_process, merge_ranks, parse_launch
+from ampkit.diagnose.script_launch import (Launch, is_launcher, launch_process, launcher_tail, merge_ranks,
+                                          parse_launch)
 from ampkit.errors import UsageError
 
 PLAIN = str(Path(__file__).parent.parent / "verify" / "scripts" / "plain_loop.py")
@@ -63,12 +64,21 @@ def test_merge_takes_the_mean_over_ranks():
 @pytest.mark.parametrize("recs,expect", [
     ([_rec(0, [1.0, 2.0]), _rec(1, [1.0])], r"the ranks disagree on the optimizer steps \(rank 0 took 2, rank 1 took 1\)"),
     ([_rec(0, [1.0], [1.0]), _rec(1, [1.0], [0.0])], "disagree on skipping optimizer step 1 .rank 0 skipped, rank 1 stepped"),
-    ([_rec(0, [1.0])], "rank 1 of 2 died without a record .launcher exit 1.: boom; no verdict"),
+    ([_rec(0, [1.0])], r"rank 1 of 2 died without a record \(launcher exit 1; boom\); no verdict"),
+    ([_rec(0, [], error="RuntimeError: Connection closed by peer")],
+     r"rank 1 of 2 died without a record \(launcher exit 1; boom\); then rank 0: RuntimeError: Connection closed"),
     ([], "without a record from any rank"),
 ])
 def test_ranks_that_disagree_or_die_end_the_comparison(recs, expect):
     with pytest.raises(UsageError, match=expect):
         merge_ranks(recs, what="run", code=1, tail="boom")
+
+
+def test_launcher_tail_is_torchrun_root_cause():
+    text = "Failures:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15\nRoot Cause (first observed failure):\n[0]:\n" \
+           "  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 4287)\n=====\n"
+    assert launcher_tail(text) == "root cause: rank 1 exit code 3"
+    assert launcher_tail("x\nValueError: no\n\n") == "ValueError: no"
 
 
 def test_a_ranks_own_error_names_the_rank():

@@ -27,7 +27,8 @@ from typing import Any, Sequence
 
 from ampkit.errors import UsageError
 
-__all__ = ["Launch", "parse_launch", "is_launcher", "rank_out", "launch_process", "rank_records", "merge_ranks"]
+__all__ = ["Launch", "parse_launch", "is_launcher", "rank_out", "launch_process", "clear_records", "rank_records",
+           "merge_ranks", "launcher_tail"]
 
 _TORCHRUN_FLAGS = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "--module", "-m")
 _ACCEL_FLAGS = ("--cpu", "--multi_gpu", "--multi-gpu", "--use_fsdp", "--use-fsdp", "--mixed_precision",
@@ -182,15 +183,16 @@ def merge_ranks(recs: list[dict[str, Any]], *, what: str, code: int | None = Non
     world = max(r.get("world", 1) for r in recs)
     have = {r.get("rank", 0) for r in recs}
     missing = sorted(set(range(world)) - have)
-    for r in recs:  # a rank's own refusal or error says more than the others' missing records
-        if r.get("refusal") or r.get("error"):
-            out = dict(r)
-            if r.get("error"):
-                out["error"] = f"rank {r.get('rank', 0)}: {r['error']}"
-            return out
-    if missing:
-        raise UsageError(f"{what}: rank {missing[0]} of {world} died without a record (launcher exit {code})"
-                         + (f": {tail}" if tail else "") + "; no verdict")
+    refused = next((r for r in recs if r.get("refusal")), None)
+    if refused is not None:  # the script's own refusal (every rank would say it)
+        return refused
+    failed = next((r for r in recs if r.get("error")), None)
+    if missing:  # a rank that died first: the others' errors (a closed connection) follow from it
+        then = f"; then rank {failed.get('rank', 0)}: {failed['error']}" if failed else ""
+        raise UsageError(f"{what}: rank {missing[0]} of {world} died without a record (launcher exit {code}"
+                         + (f"; {tail}" if tail else "") + f"){then}; no verdict")
+    if failed is not None:
+        return dict(failed, error=f"rank {failed.get('rank', 0)}: {failed['error']}")
     steps = {r["rank"]: r["steps"] for r in recs}
     if len(set(steps.values())) > 1:
         pairs = ", ".join(f"rank {k} took {v}" for k, v in sorted(steps.items()))
@@ -209,6 +211,18 @@ def merge_ranks(recs: list[dict[str, Any]], *, what: str, code: int | None = Non
     merged["low_weights"] = sorted({a for r in recs for a in r.get("low_weights", [])})
     merged["ranks"] = world
     return merged
+
+
+def launcher_tail(stderr: str) -> str:
+    """What the launcher's error output says of the failure: torchrun's root cause ("rank 1 exit code 3"), else
+    its last line."""
+    import re
+
+    found = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", stderr, re.DOTALL)
+    if found:
+        return f"root cause: rank {found.group(1)} exit code {found.group(2)}"
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -111,7 +111,7 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     wall = time.perf_counter() - t0
     stdout = (folder / "stdout.txt").read_text(encoding="utf-8", errors="replace")
     if launch is not None:
-        tail = _last_line((folder / "stderr.txt").read_text(encoding="utf-8", errors="replace"))
+        tail = script_launch.launcher_tail((folder / "stderr.txt").read_text(encoding="utf-8", errors="replace"))
         rec = script_launch.merge_ranks(script_launch.rank_records(result_file), code=code, tail=tail,
                                         what=f"the {_label(mode, seed)} of {script} ({launch.describe()})")
     elif not result_file.exists():
