@@ -27,6 +27,7 @@ def test_fp32_run_keeps_weights_and_inputs_fp32():
         model = model.to("cpu", torch.bfloat16)
         x = torch.randn(5, 4).to(torch.bfloat16)
         assert x.half().dtype == torch.float32 and x.to(dtype=torch.float16).dtype == torch.float32
+        assert x.to(torch.bfloat16, copy=True).dtype == torch.float32
         torch.set_default_dtype(torch.bfloat16)
         created = nn.Linear(2, 2)
         out = model(torch.randn(5, 4, dtype=torch.bfloat16))  # made low by a factory: cast at the module
@@ -79,3 +80,20 @@ def test_created_bf16_script_refusal_names_the_cause(capsys, tmp_path):
     code = main(["compare", "--seeds", "1", "--no-audit", "--out", str(tmp_path), PURE, "--created-bf16"])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "is still bfloat16 in the FP32 run" in last and "nn.Linear(..., dtype=torch.bfloat16)" in last
+
+
+@pytest.mark.slow
+def test_from_pretrained_loads_fp32_in_fp32_runs(tmp_path):
+    """Hugging Face from_pretrained(dtype=bfloat16) / torch_dtype=: FP32 in FP32 runs, as asked in AMP runs."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16)
+    BertModel(config).save_pretrained(tmp_path)
+    with Switch(mode="fp32", seed=0, user_dir=HERE) as sw:
+        fp32 = BertModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    with Switch(mode="amp", seed=0):
+        amp = BertModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert {p.dtype for p in fp32.parameters()} == {torch.float32}
+    assert {p.dtype for p in amp.parameters()} == {torch.bfloat16}
+    assert any(k.startswith("from_pretrained(dtype=bfloat16) at test_dtype_switch.py:") for k in sw.dtypes.switched)

@@ -41,6 +41,7 @@ def _dname(dtype: Any) -> str:
 
 
 def _parse_to(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool, Any]:
+    kwargs = {k: v for k, v in kwargs.items() if k != "copy"}  # Tensor.to's own keyword, not _parse_to's
     try:
         return torch._C._nn._parse_to(*args, **kwargs)
     except (TypeError, RuntimeError):

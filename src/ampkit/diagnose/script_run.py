@@ -63,7 +63,8 @@ def check_script(path: str, what: str = "compare") -> str:
     launched += [f"{v}={os.environ[v]}" for v in ("TORCHELASTIC_RUN_ID",) if os.environ.get(v)]
     if launched:
         raise UsageError(f"ampkit {what} SCRIPT runs one process, but this one was launched for several ({launched[0]}, "
-                         f"torchrun?): run `ampkit {what} SCRIPT ...` without torchrun, on one device")
+                         f"torchrun?): run `ampkit {what}` itself as one process; for a multi-process script give "
+                         f"it the launch: `ampkit compare --nproc N SCRIPT` or `ampkit compare -- torchrun ... SCRIPT`")
     return full
 
 
