@@ -48,7 +48,7 @@ class ScriptRun:
     audit: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     switched: dict[str, int] = field(default_factory=dict)  # low-precision conversions made no-ops (FP32 runs)
-    low_weights: list[str] = field(default_factory=list)  # dtypes the script converted its model to (AMP runs)
+    low_weights: list[str] = field(default_factory=list)  # "device:dtype" the script converted its model to (AMP)
     ranks: int = 1
 
 
@@ -76,8 +76,8 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
 
     ``precision`` (``"bf16"``/``"fp16"``) forces the AMP runs' autocast dtype; ``steps`` stops the script after
     that many optimizer steps; ``launch`` (a :class:`~ampkit.diagnose.script_launch.Launch`) runs every rank
-    under torchrun / accelerate launch and merges the ranks' records; ``audit`` stops after the first step and keeps the recorder's result (``entry``: the
-    child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
+    under torchrun / accelerate launch and merges the ranks' records; ``audit`` stops after the first step and
+    keeps the recorder's result (``entry``: the child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
     Raises :class:`~ampkit.errors.UsageError` with one line when the script cannot be compared: it crashed
     (its own error line), it never took an optimizer step, or it does something switching cannot undo."""
     full = check_script(script)
