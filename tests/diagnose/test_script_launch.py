@@ -62,8 +62,10 @@ def test_merge_takes_the_mean_over_ranks():
 
 
 @pytest.mark.parametrize("recs,expect", [
-    ([_rec(0, [1.0, 2.0]), _rec(1, [1.0])], r"the ranks disagree on the optimizer steps \(rank 0 took 2, rank 1 took 1\)"),
-    ([_rec(0, [1.0], [1.0]), _rec(1, [1.0], [0.0])], "disagree on skipping optimizer step 1 .rank 0 skipped, rank 1 stepped"),
+    ([_rec(0, [1.0, 2.0]), _rec(1, [1.0])],
+     r"the ranks disagree on the optimizer steps \(rank 0 took 2, rank 1 took 1\)"),
+    ([_rec(0, [1.0], [1.0]), _rec(1, [1.0], [0.0])],
+     "disagree on skipping optimizer step 1 .rank 0 skipped, rank 1 stepped"),
     ([_rec(0, [1.0])], r"rank 1 of 2 died without a record \(launcher exit 1; boom\); no verdict"),
     ([_rec(0, [], error="RuntimeError: Connection closed by peer")],
      r"rank 1 of 2 died without a record \(launcher exit 1; boom\); then rank 0: RuntimeError: Connection closed"),
@@ -75,7 +77,8 @@ def test_ranks_that_disagree_or_die_end_the_comparison(recs, expect):
 
 
 def test_launcher_tail_is_torchrun_root_cause():
-    text = "Failures:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15\nRoot Cause (first observed failure):\n[0]:\n" \
+    text = "Failures:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15\n" \
+           "Root Cause (first observed failure):\n[0]:\n" \
            "  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 4287)\n=====\n"
     assert launcher_tail(text) == "root cause: rank 1 exit code 3"
     assert launcher_tail("x\nValueError: no\n\n") == "ValueError: no"

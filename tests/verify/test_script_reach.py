@@ -49,7 +49,8 @@ def test_ddp_fp16_overflow_fails():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flag,expect", [("--die-rank", "rank 1 of 2 died without a record (launcher exit 1; root cause: rank 1 exit code 3)"),
+@pytest.mark.parametrize("flag,expect", [("--die-rank", "rank 1 of 2 died without a record (launcher exit 1; root "
+                                                        "cause: rank 1 exit code 3)"),
                                          ("--extra-step-rank", "the ranks disagree on the optimizer steps "
                                                                "(rank 0 took 4, rank 1 took 5)")])
 def test_ranks_that_die_or_disagree_end_in_one_line(flag, expect, capsys, tmp_path):

@@ -33,6 +33,7 @@ __all__ = ["DtypeSwitch", "LOW"]
 
 LOW = (torch.float16, torch.bfloat16)
 _HF = "transformers.modeling_utils"
+_METHOD_DTYPE = {"bfloat16": torch.bfloat16, "half": torch.float16}
 _OWN = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -99,7 +100,7 @@ class DtypeSwitch:
                 if name == "to":
                     device, dtype, non_blocking, fmt = _parse_to(*args, **kwargs)
                 else:
-                    device, dtype, non_blocking, fmt = None, torch.bfloat16 if name == "bfloat16" else torch.float16, False, None
+                    device, dtype, non_blocking, fmt = None, _METHOD_DTYPE[name], False, None
                 floating = any(t.is_floating_point() for t in (*module.parameters(), *module.buffers()))
                 if dtype not in LOW or not floating:
                     return orig(module, *args, **kwargs)
@@ -158,7 +159,7 @@ class DtypeSwitch:
                 if name == "to":
                     device, dtype, non_blocking, fmt = _parse_to(*args, **kwargs)
                 else:
-                    device, dtype, non_blocking, fmt = None, torch.bfloat16 if name == "bfloat16" else torch.float16, False, None
+                    device, dtype, non_blocking, fmt = None, _METHOD_DTYPE[name], False, None
                 if dtype not in LOW or not t.is_floating_point() or t.dtype in LOW or torch.compiler.is_compiling():
                     return orig(t, *args, **kwargs)
                 sw._note(f"Tensor.{name}({_dname(dtype)})")

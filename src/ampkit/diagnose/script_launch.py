@@ -169,7 +169,8 @@ def rank_records(out: str | Path) -> list[dict[str, Any]]:
     """The records the ranks of a launched run wrote, by rank."""
     import json
 
-    recs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in glob.glob(str(Path(out).with_name("run-rank*.json")))]
+    files = glob.glob(str(Path(out).with_name("run-rank*.json")))
+    recs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in files]
     return sorted(recs, key=lambda r: r.get("rank", 0))
 
 
