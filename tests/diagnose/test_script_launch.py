@@ -30,10 +30,11 @@ def test_parse_torchrun_and_accelerate_command_lines():
     launch, script, _ = parse_launch(["python", "-m", "torch.distributed.run", "--nproc_per_node=4",
                                       "--master-port", "29600", "t.py"])
     assert launch.nproc == 4 and launch.options == ("--nproc_per_node=4", "--master-port", "29600") and script == "t.py"
-    launch, script, args = parse_launch(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "t.py", "x"])
+    launch, script, args = parse_launch(["accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+                                         "--mixed_precision", "bf16", "--downcast_bf16", "t.py", "x"])
     assert (launch.kind, launch.nproc, script, args) == ("accelerate", 2, "t.py", ["x"])
     assert launch.argv("E", "S")[1:3] == ["-m", "accelerate.commands.launch"]
-    assert launch.describe() == "accelerate launch --multi_gpu --num_processes 2"
+    assert launch.describe() == "accelerate launch --multi_gpu --num_processes 2 --mixed_precision bf16 --downcast_bf16"
     assert Launch.torchrun(3).describe() == "torchrun --standalone --nproc-per-node 3"
     assert is_launcher("torchrun") and is_launcher("accelerate", ["launch"]) and not is_launcher("train.py")
     assert is_launcher("python3", ["-m", "torch.distributed.run"]) and not is_launcher("python", ["x.py"])

@@ -30,9 +30,6 @@ from ampkit.errors import UsageError
 __all__ = ["Launch", "parse_launch", "is_launcher", "rank_out", "launch_process", "clear_records", "rank_records",
            "merge_ranks", "launcher_tail"]
 
-_TORCHRUN_FLAGS = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "--module", "-m")
-_ACCEL_FLAGS = ("--cpu", "--multi_gpu", "--multi-gpu", "--use_fsdp", "--use-fsdp", "--mixed_precision",
-                "--mixed-precision")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +84,7 @@ def parse_launch(words: Sequence[str]) -> tuple[Launch, str, list[str]]:
         kind, rest = "torchrun", words[1:]
     else:
         kind, rest = "torchrun", words[3:]
+    flags = _flags(kind)
     options: list[str] = []
     i = 0
     while i < len(rest) and rest[i].startswith("-"):
@@ -95,8 +93,7 @@ def parse_launch(words: Sequence[str]) -> tuple[Launch, str, list[str]]:
         if name in ("-m", "--module", "--no-python", "--no_python"):
             raise UsageError(f"{kind} {name}: compare runs a SCRIPT file under the launcher; give the script's path")
         options.append(word)
-        takes_value = "=" not in word and name not in (*_TORCHRUN_FLAGS, *_ACCEL_FLAGS) and not (
-            kind == "accelerate" and name in ("--debug", "--quiet", "-q"))
+        takes_value = "=" not in word and name not in flags
         if takes_value and i + 1 < len(rest):
             options.append(rest[i + 1])
             i += 1
@@ -114,6 +111,19 @@ def parse_launch(words: Sequence[str]) -> tuple[Launch, str, list[str]]:
         options.insert(0, "--standalone")  # a free port per run: runs (and other jobs) never collide on 29500
     return Launch(kind=kind, options=tuple(options), nproc=int(nproc) if nproc and nproc.isdigit() else None), \
         rest[i], rest[i + 1:]
+
+
+def _flags(kind: str) -> set[str]:
+    """The launcher's options that take no value, read from its own argument parser (they change between
+    versions: Accelerate adds flags often)."""
+    if kind == "torchrun":
+        from torch.distributed.run import get_args_parser as make
+    else:
+        try:
+            from accelerate.commands.launch import launch_command_parser as make
+        except ImportError:
+            raise UsageError("accelerate launch: Accelerate is not installed here (pip install accelerate)") from None
+    return {s for action in make()._actions if action.nargs == 0 for s in action.option_strings}
 
 
 def _option(options: list[str], names: tuple[str, ...]) -> str | None:
