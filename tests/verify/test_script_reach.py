@@ -27,6 +27,7 @@ def test_ddp_under_nproc_passes(tmp_path):
     assert code == 0 and data["verdict"] == "pass", data["reasons"]
     assert data["source"]["ranks"] == 2 and data["source"]["launch"].startswith("torchrun --standalone")
     assert data["steps"] == 12 and data["precision"] == "bf16"
+    assert data["task_description"].startswith("torchrun --standalone --nproc-per-node 2 ")
     assert any("mean over the ranks" in n for n in data["notes"])
     assert (tmp_path / "runs" / "amp-seed0" / "run-rank1.json").exists()
 

@@ -277,7 +277,9 @@ def _with_reach(result: CompareResult, runs: dict[str, dict[int, ScriptRun]], la
     from dataclasses import replace
 
     notes, source = list(result.notes), dict(result.source)
+    described = result.task_description
     if launch is not None:
+        described = " ".join([launch.describe(), source["script"], *source["args"]])
         ranks = max(r.ranks for rs in runs.values() for r in rs.values())
         notes.append(f"every run was `{launch.describe()}` with {ranks} processes, the precision switched in each "
                      f"rank; the loss of a step is the mean over the ranks (each rank's record merged at the end)")
@@ -293,8 +295,9 @@ def _with_reach(result: CompareResult, runs: dict[str, dict[int, ScriptRun]], la
         source["low_weights"] = low
         if not any(r.autocast for r in runs["amp"].values()):
             reason = f"the script's own {'/'.join(low)} weights (pure low precision, no autocast)"
-            return replace(result, notes=tuple(notes), source=source, precision_reason=reason)
-    return replace(result, notes=tuple(notes), source=source)
+            return replace(result, notes=tuple(notes), source=source, precision_reason=reason,
+                           task_description=described)
+    return replace(result, notes=tuple(notes), source=source, task_description=described)
 
 
 def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
