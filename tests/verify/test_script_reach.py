@@ -99,3 +99,20 @@ def test_fabric_bf16_true_fp32_run_keeps_fp32(tmp_path):
     assert fp32.steps == amp.steps == 3 and fp32.low_weights == [] and amp.low_weights == ["cpu:bfloat16"]
     assert any(k.startswith(("Sequential.to(bfloat16)", "torch.set_default_dtype(bfloat16)")) for k in fp32.switched)
     assert abs(fp32.losses[0] - amp.losses[0]) < 0.05 and fp32.losses[0] != amp.losses[0]
+
+
+def test_pure_low_precision_is_the_amp_side_without_autocast():
+    """Fast: a script with no autocast whose AMP runs converted the model is judged at that dtype; without either
+    it is refused (nothing to compare)."""
+    from ampkit.diagnose.script_run import ScriptRun
+    from ampkit.errors import UsageError
+    from ampkit.verify.script_compare import _amp_label
+
+    def run(**kw):
+        return ScriptRun(mode="amp", seed=0, steps=1, losses=[1.0], skipped=[None], scales=[None], stopped="finished",
+                         autocast=[], scalers=0, scaler_enabled=False, stdout="", folder="", wall_s=1.0, cpu_s=1.0, **kw)
+
+    assert _amp_label({0: run(low_weights=["cpu:bfloat16"])}, "s.py") == ("bf16", "cpu")
+    assert _amp_label({0: run(low_weights=["cpu:float16"])}, "s.py") == ("fp16", "cpu")
+    with pytest.raises(UsageError, match="enables no autocast region"):
+        _amp_label({0: run()}, "s.py")
