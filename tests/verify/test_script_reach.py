@@ -116,3 +116,15 @@ def test_pure_low_precision_is_the_amp_side_without_autocast():
     assert _amp_label({0: run(low_weights=["cpu:float16"])}, "s.py") == ("fp16", "cpu")
     with pytest.raises(UsageError, match="enables no autocast region"):
         _amp_label({0: run()}, "s.py")
+
+
+@pytest.mark.slow
+def test_audit_run_under_torchrun(tmp_path):
+    """The audit run of a launched comparison: every rank records its first step; rank 0's audit is kept."""
+    from ampkit.diagnose.script_run import run_script
+    from ampkit.verify.script_compare import AUDIT_ENTRY
+
+    run = run_script(DDP, ["--steps", "3"], mode="amp", seed=0, folder=tmp_path, audit=True, entry=AUDIT_ENTRY,
+                     launch=Launch.torchrun(2))
+    assert run.steps == 1 and run.ranks == 2 and run.audit is not None
+    assert sorted(p.name for p in tmp_path.glob("run-rank*.json")) == ["run-rank0.json", "run-rank1.json"]
