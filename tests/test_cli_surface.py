@@ -13,7 +13,7 @@ CONTRACT = {
               "--strategy", "--nproc", "--max-restarts", "--init-scale", "--callback", "--stop-signal",
               "--stop-check-every", "--no-graph", "--fp32-modules"],
     "compare": ["--task", "--precision", "--seeds", "--steps", "--out", "--fp32-modules", "--explain",
-                "--explain-budget", "--no-graph", "--tolerance", "--metric", "--metric-mode", "--continue"],
+                "--explain-budget", "--no-graph", "--tolerance", "--metric", "--metric-mode", "--continue", "--nproc"],
     "audit": ["--task", "--precision", "--json", "--fp32-modules"],
     "diagnose": ["--steps", "--json", "--replay", "--fix-check"],
     "migrate": ["--fix", "--target", "--select", "--json", "--jobs", "--musa-version"],

@@ -86,8 +86,6 @@ def test_fp32_runs_contain_no_low_precision_op(script, args):
 
 
 @pytest.mark.parametrize("argv,expect", [
-    (["half_model.py"], "converts its model to float16"),
-    (["fabric_loop.py", "bf16-true"], "converts its model to bfloat16"),
     (["distributed.py"], "starts torch.distributed"),
     (["no_step.py"], "without an optimizer step"),
     (["crash.py"], "ValueError: data file train.csv is missing"),

@@ -24,6 +24,9 @@ EXAMPLES = """examples:
   ampkit compare --seeds 5 --tolerance 0.02      # accept up to 2 % worse than FP32, judged over 5 seeds
   ampkit compare --seeds 8 --out runs/compare --continue   # INCONCLUSIVE at 3 seeds: train seeds 3-7 only
   ampkit compare --max-seeds 16                   # add seeds until the verdict is decided, at most 16
+  ampkit compare --nproc 2 train_ddp.py                     # every run: torchrun with 2 processes
+  ampkit compare -- torchrun --nproc-per-node 2 train_ddp.py --epochs 1   # the launch you use, unchanged
+  ampkit compare -- accelerate launch --num_processes 2 train.py          # Accelerate's launcher
 
 With SCRIPT, each run is `python SCRIPT ARGS` in a fresh process: FP32 runs with every autocast and GradScaler
 switched off, AMP runs as written (or --precision bf16/fp16 forcing autocast's dtype); ampkit's seeds replace
@@ -86,6 +89,9 @@ def register(sub, formatter_class):
     p.add_argument("--metric-mode", default=None, choices=("max", "min"),
                    help="with --metric: higher (max) or lower (min) is better (default: max when REGEX names an "
                         "accuracy-like quantity: acc, f1, auc, bleu, rouge, score, precision, recall, map, iou)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="with SCRIPT: launch every run with torchrun, N processes on this machine (or give the "
+                        "launch itself: ampkit compare -- torchrun --nproc-per-node N SCRIPT ARGS)")
     p.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
                    help="your training script, run unmodified (instead of --task)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
@@ -129,6 +135,15 @@ def _run_script(args) -> int:
                              f"model, device and learning rate): drop it")
     if args.metric_mode is not None and args.metric is None:
         raise UsageError("--metric-mode says which direction of --metric is better: add --metric REGEX")
+    from ampkit.diagnose.script_launch import Launch, is_launcher, parse_launch
+
+    launch = None
+    if is_launcher(args.script, args.script_args):
+        if args.nproc is not None:
+            raise UsageError("--nproc and a launcher command both say how to launch: give one of them")
+        launch, args.script, args.script_args = parse_launch([args.script, *args.script_args])
+    elif args.nproc is not None:
+        launch = Launch.torchrun(args.nproc)
     import signal
 
     from ampkit.verify.interrupt import stop_on_signals
@@ -140,7 +155,7 @@ def _run_script(args) -> int:
                                 max_seeds=_max_seeds(args),
                                 steps=args.steps, log_every=args.log_every, metric=args.metric,
                                 metric_mode=args.metric_mode, out=args.out, run_audit=not args.no_audit, progress=bar,
-                                tolerance=args.tolerance)
+                                tolerance=args.tolerance, launch=launch)
     if args.json:
         print_json(result.to_dict())
     else:
@@ -184,6 +199,8 @@ def run(args) -> int:
         args.out = str(default_out(resume=args.resume and args.script is None))
     if args.script is not None:
         return _run_script(args)
+    if args.nproc is not None:
+        raise UsageError("--nproc launches a SCRIPT under torchrun; for a task, use ampkit train --nproc N")
     if args.metric is not None or args.metric_mode is not None:
         raise UsageError("--metric reads a number a SCRIPT prints; a task has its own metric: drop --metric")
     budget, factor = _budget(args.explain_budget)

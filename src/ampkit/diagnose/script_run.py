@@ -52,6 +52,9 @@ class ScriptRun:
     notes: list[str] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)  # each interval between two optimizer steps (StepTimer)
     peak_bytes: int | None = None  # peak device memory of the run's process (None on the CPU)
+    switched: dict[str, int] = field(default_factory=dict)  # low-precision conversions made no-ops (FP32 runs)
+    low_weights: list[str] = field(default_factory=list)  # "device:dtype" the script converted its model to (AMP)
+    ranks: int = 1
 
 
 def check_script(path: str, what: str = "compare") -> str:
@@ -65,30 +68,38 @@ def check_script(path: str, what: str = "compare") -> str:
     launched += [f"{v}={os.environ[v]}" for v in ("TORCHELASTIC_RUN_ID",) if os.environ.get(v)]
     if launched:
         raise UsageError(f"ampkit {what} SCRIPT runs one process, but this one was launched for several ({launched[0]}, "
-                         f"torchrun?): run `ampkit {what} SCRIPT ...` without torchrun, on one device")
+                         f"torchrun?): run `ampkit {what}` itself as one process; for a multi-process script give "
+                         f"it the launch: `ampkit compare --nproc N SCRIPT` or `ampkit compare -- torchrun ... SCRIPT`")
     return full
 
 
 def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, seed: int, folder: str | Path,
                precision: str | None = None, steps: int | None = None, audit: bool = False,
-               timeout_s: float | None = None, entry: str = "ampkit.diagnose.script_run") -> ScriptRun:
+               timeout_s: float | None = None, entry: str = "ampkit.diagnose.script_run",
+               launch: Any = None) -> ScriptRun:
     """Run ``python script *args`` once in a fresh process in ``mode`` (``"fp32"``/``"amp"``) with seed ``seed``.
 
     ``precision`` (``"bf16"``/``"fp16"``) forces the AMP runs' autocast dtype; ``steps`` stops the script after
-    that many optimizer steps; ``audit`` lets the recorder stop the run (after the step it audits) and keeps its
-    result (``entry``: the
-    child's module, ``python -m ENTRY SPEC.json``; ``ampkit.verify.script_audit`` records the step's ops).
+    that many optimizer steps; ``launch`` (a :class:`~ampkit.diagnose.script_launch.Launch`) runs every rank
+    under torchrun / accelerate launch and merges the ranks' records; ``audit`` lets the recorder stop the run (after
+    the step it audits) and keeps its result (``entry``: the child's module, ``python -m ENTRY SPEC.json``;
+    ``ampkit.verify.script_audit`` records the step's ops).
     Raises :class:`~ampkit.errors.UsageError` with one line when the script cannot be compared: it crashed
     (its own error line), it never took an optimizer step, or it does something switching cannot undo."""
     full = check_script(script)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"script": full, "args": list(args), "mode": mode, "seed": seed, "steps": None if audit else steps,
-            "dtype": _DTYPES.get(precision or ""), "audit": audit, "out": str(folder / "run.json")}
+            "dtype": _DTYPES.get(precision or ""), "audit": audit, "out": str(folder / "run.json"),
+            "launched": launch is not None}
     (folder / "spec.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
     result_file = Path(spec["out"])
     if result_file.exists():
         result_file.unlink()  # a stale record of an earlier comparison must not pass for this run's
+    if launch is not None:
+        from ampkit.diagnose import script_launch
+
+        script_launch.clear_records(result_file)
     env = dict(os.environ, PYTHONHASHSEED="0")
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
@@ -96,25 +107,33 @@ def run_script(script: str, args: list[str] | tuple[str, ...], *, mode: str, see
     with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
         try:
             # Its own process group, stopped as a whole if this wait ends early (a stop signal, a timeout),
-            # and killed by the kernel if ampkit dies: no run trains on after ampkit is gone.
-            proc = run_tied([sys.executable, "-m", entry, str(folder / "spec.json")],
-                            stdout=out, stderr=err, env=env, timeout_s=timeout_s)
+            # and killed by the kernel if ampkit dies: no run trains on after ampkit is gone. A launcher (torchrun,
+            # accelerate launch) leads the group of its ranks.
+            argv = [sys.executable, "-m", entry, str(folder / "spec.json")] if launch is None else \
+                launch.argv(entry, str(folder / "spec.json"))
+            code = run_tied(argv, stdout=out, stderr=err, env=env, timeout_s=timeout_s).returncode
         except subprocess.TimeoutExpired:
             raise UsageError(f"{_label(mode, seed)} of {script} did not finish in {timeout_s:.0f} s: pass --steps N "
                              f"to stop each run after N optimizer steps") from None
     wall = time.perf_counter() - t0
     stdout = (folder / "stdout.txt").read_text(encoding="utf-8", errors="replace")
-    if not result_file.exists():
+    if launch is not None:
+        tail = script_launch.launcher_tail((folder / "stderr.txt").read_text(encoding="utf-8", errors="replace"))
+        rec = script_launch.merge_ranks(script_launch.rank_records(result_file), code=code, tail=tail,
+                                        what=f"the {_label(mode, seed)} of {script} ({launch.describe()})")
+    elif not result_file.exists():
         tail = _last_line((folder / "stderr.txt").read_text(encoding="utf-8", errors="replace"))
-        raise UsageError(f"the {_label(mode, seed)} of {script} ended without a record (exit {proc.returncode})"
+        raise UsageError(f"the {_label(mode, seed)} of {script} ended without a record (exit {code})"
                          + (f": {tail}" if tail else "") + f"; its output is in {folder}")
-    rec = json.loads(result_file.read_text(encoding="utf-8"))
+    else:
+        rec = json.loads(result_file.read_text(encoding="utf-8"))
     _refuse(rec, script, mode, seed, folder)
     return ScriptRun(mode=mode, seed=seed, steps=rec["steps"], losses=rec["losses"], skipped=rec["skipped"],
                      scales=rec["scales"], stopped=rec["stopped"], autocast=rec["autocast"], scalers=rec["scalers"],
                      scaler_enabled=rec["scaler_enabled"], stdout=stdout, folder=str(folder), wall_s=wall,
                      cpu_s=rec["cpu_s"], audit=rec.get("audit"), step_ms=rec.get("step_ms") or [],
-                     peak_bytes=rec.get("peak_bytes"))
+                     peak_bytes=rec.get("peak_bytes"), switched=rec.get("switched", {}),
+                     low_weights=rec.get("low_weights", []), ranks=rec.get("ranks", 1))
 
 
 def _label(mode: str, seed: int) -> str:
@@ -169,7 +188,15 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
         if recorder is not None:
             recorder.on_step(step)
 
+    out = spec["out"]
+    rank = {}
+    if spec.get("launched"):  # one record per rank; the parent merges them (script_launch.merge_ranks)
+        from ampkit.diagnose.script_launch import rank_out
+
+        out, r, world = rank_out(out)
+        rank = {"rank": r, "world": world}
     sw = Switch(mode=spec["mode"], seed=spec["seed"], dtype=dtype, steps=spec["steps"],
+                distributed=bool(spec.get("launched")), user_dir=os.path.dirname(full),
                 on_backward=recorder.on_backward if recorder else None, on_step=on_step)
     timer.switch = sw
     if recorder is not None:
@@ -207,10 +234,11 @@ def main(argv: list[str] | None = None, recorder: Any = None) -> int:
     sys.stdout.flush()
     timing = timer.result()
     rec.update(steps=sw.step, autocast=sorted(sw.autocast_seen), scalers=sw.scalers, scaler_enabled=sw.scaler_enabled,
-               **sw.read(), cpu_s=time.process_time() - c0, step_ms=timing["step_ms"], peak_bytes=timing["peak_bytes"])
+               **sw.read(), cpu_s=time.process_time() - c0, step_ms=timing["step_ms"], peak_bytes=timing["peak_bytes"],
+               switched=sw.dtypes.switched, low_weights=sorted(sw.dtypes.low_weights), **rank)
     if recorder is not None and not rec["refusal"] and not rec["error"]:
         rec["audit"] = recorder.result(sw)
-    Path(spec["out"]).write_text(json.dumps(rec, default=str) + "\n", encoding="utf-8")
+    Path(out).write_text(json.dumps(rec, default=str) + "\n", encoding="utf-8")
     return 0
 
 

@@ -14,10 +14,12 @@ script's files are never edited. In one run (one subprocess per run, :mod:`ampki
   that class) with ``enabled=False`` in FP32 and ``enabled=True`` when FP16 is forced. Lightning
   Fabric's ``MixedPrecision.convert_input`` casts the inputs to BF16/FP16 outside autocast: in FP32 it
   leaves them as they are, with a forced dtype it casts to that dtype. Nothing else changes.
-* **refusals** (:class:`Refusal`): a model converted to FP16/BF16 (``Module.half`` / ``bfloat16`` /
-  ``to(dtype)``: ``model.half()``, Fabric ``"bf16-true"``, ``Trainer(bf16_full_eval=True)``),
-  ``torch.set_default_dtype`` to a low dtype, ``torch.distributed.init_process_group`` (one process only),
-  and forced FP16 on a script that creates no GradScaler.
+* **pure low precision** (:mod:`ampkit.diagnose.dtype_switch`): in FP32 runs, conversions of the model and
+  its inputs to FP16/BF16 (``model.half()``, ``.to(torch.bfloat16)``, Fabric ``"bf16-true"``,
+  ``from_pretrained(dtype=...)``, ``torch.set_default_dtype``) are no-ops, recorded; AMP runs run as written.
+* **refusals** (:class:`Refusal`): a parameter still low precision at the first FP32 step (created so
+  directly), ``torch.distributed.init_process_group`` unless the run was launched for several processes
+  (:mod:`ampkit.diagnose.script_launch`), and forced FP16 on a script that creates no GradScaler.
 * **seeds**: ``torch.manual_seed``, ``torch.<device>.manual_seed(_all)``, ``random.seed`` and
   ``numpy.random.seed`` get :func:`run_seed` ``(value, k)`` instead of ``value``: run k of FP32 and of
   AMP see the same seeds, runs of different k different ones. Lightning's ``seed_everything``,
@@ -42,12 +44,13 @@ from typing import Any, Callable
 
 import torch
 
+from ampkit.diagnose.dtype_switch import DtypeSwitch
 from ampkit.diagnose.stop import StopRun
 
 __all__ = ["Switch", "Refusal", "run_seed"]
 
-LOW = (torch.float16, torch.bfloat16)
 _FABRIC_AMP = ("lightning.fabric.plugins.precision.amp", "lightning_fabric.plugins.precision.amp")
+_HF = "transformers.modeling_utils"
 
 
 class Refusal(BaseException):
@@ -70,14 +73,19 @@ def _dname(dtype: Any) -> str:
 class Switch:
     """The patches of one run. ``mode``: ``"fp32"`` (autocast and scalers off) or ``"amp"`` (as written, or
     ``dtype`` forced); ``seed``: the run's k; ``steps``: stop after this many optimizer steps (None: never);
-    ``on_backward`` / ``on_step``: called at each backward and step (the audit records the first step)."""
+    ``on_backward`` / ``on_step``: called at each backward and step (the audit records the first step);
+    ``distributed``: the run was launched for several processes (``init_process_group`` allowed); ``user_dir``:
+    the script's folder (where switched conversions are reported)."""
 
     def __init__(self, *, mode: str, seed: int, dtype: torch.dtype | None = None, steps: int | None = None,
-                 on_backward: Callable[[], None] | None = None, on_step: Callable[[int], None] | None = None) -> None:
+                 on_backward: Callable[[], None] | None = None, on_step: Callable[[int], None] | None = None,
+                 distributed: bool = False, user_dir: str | None = None) -> None:
         if mode not in ("fp32", "amp"):
             raise ValueError(f"mode must be 'fp32' or 'amp', got {mode!r}")
         self.mode, self.seed, self.dtype, self.max_steps = mode, seed, dtype, steps
         self.on_backward, self.on_step = on_backward, on_step
+        self.distributed = distributed
+        self.dtypes = DtypeSwitch(mode, user_dir, Refusal)
         self.step = 0
         self.autocast_seen: set[str] = set()  # "device:dtype" of every enabled autocast constructed
         self.scalers = 0  # GradScalers the script created
@@ -122,17 +130,18 @@ class Switch:
         self._patch(gs, "scale", self._wrap_scale)
         self._patch(gs, "step", self._wrap_scaler_step)
         self._patch(torch.Tensor, "backward", self._wrap_backward)
-        for name in ("half", "bfloat16", "to"):
-            self._patch(torch.nn.Module, name, self._wrap_module_cast(name))
-        self._patch(torch, "set_default_dtype", self._wrap_default_dtype)
+        self.dtypes.install(self._patch, self._undo)
         import torch.distributed as dist
 
-        if hasattr(dist, "init_process_group"):
+        if hasattr(dist, "init_process_group") and not self.distributed:
             self._patch(dist, "init_process_group", self._refuse_distributed)
             if hasattr(dist, "distributed_c10d"):
                 self._patch(dist.distributed_c10d, "init_process_group", self._refuse_distributed)
         self._install_seeds()
-        finder = _PostImport({name: self._patch_fabric for name in _FABRIC_AMP})
+        targets = {name: self._patch_fabric for name in _FABRIC_AMP}
+        if self.mode == "fp32":
+            targets[_HF] = lambda module: self.dtypes.patch_hf(module, self._patch)
+        finder = _PostImport(targets)
         sys.meta_path.insert(0, finder)
         self._undo.append(lambda: sys.meta_path.remove(finder))
         for name in _FABRIC_AMP:  # imported before the run (rare): patch now
@@ -232,41 +241,11 @@ class Switch:
         self._patch(cls, "convert_input", wrap)
 
     # ------------------------------------------------------------------ refusals
-    def _wrap_module_cast(self, name: str):
-        def make(orig):
-            def cast(module, *args, **kwargs):
-                dtype = torch.bfloat16 if name == "bfloat16" else torch.float16 if name == "half" else None
-                if name == "to":
-                    try:
-                        dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
-                    except (TypeError, RuntimeError):
-                        dtype = None
-                if dtype in LOW and any(p.is_floating_point() for p in module.parameters()):
-                    raise Refusal(
-                        f"the script converts its model to {_dname(dtype)} (`{type(module).__name__}."
-                        f"{name}(...)`: model.half(), .to(torch.bfloat16), Fabric 'bf16-true', Trainer's "
-                        f"fp16/bf16_full_eval): that low precision does not come from autocast, so turning autocast "
-                        f"off cannot give an FP32 reference; keep the model in FP32 and use autocast "
-                        f"(Fabric 'bf16-mixed', Trainer bf16=True)")
-                return orig(module, *args, **kwargs)
-
-            return cast
-
-        return make
-
-    def _wrap_default_dtype(self, orig):
-        def set_default_dtype(d):
-            if d in LOW:
-                raise Refusal(f"the script sets torch's default dtype to {_dname(d)}: its weights are created in low "
-                              f"precision outside autocast, so turning autocast off cannot give an FP32 reference")
-            return orig(d)
-
-        return set_default_dtype
-
     def _refuse_distributed(self, orig):
         def init_process_group(*args, **kwargs):
-            raise Refusal("the script starts torch.distributed (init_process_group): compare and audit run one "
-                          "process; run the script's single-process path (no torchrun, one device)")
+            raise Refusal("the script starts torch.distributed (init_process_group) in one process: launch it as "
+                          "you do, e.g. `ampkit compare --nproc 2 SCRIPT` or `ampkit compare -- torchrun "
+                          "--nproc-per-node 2 SCRIPT`")
 
         return init_process_group
 
@@ -349,6 +328,8 @@ class Switch:
         return step
 
     def _opt_post_hook(self, optimizer, args, kwargs) -> None:
+        if self.step == 0 and self.mode == "fp32":
+            self.dtypes.check_params(optimizer)
         if not self._in_scaler_step and not self._busy:
             self._count(None, None)
 

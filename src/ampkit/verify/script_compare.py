@@ -128,6 +128,8 @@ def _forced(precision: str | None) -> str | None:
 def _amp_label(runs: dict[int, ScriptRun], script: str) -> tuple[str, str]:
     """The AMP precision the AMP runs really ran ("bf16"/"fp16") and its device type, from the autocasts seen."""
     seen = sorted({a for r in runs.values() for a in r.autocast})
+    # pure low precision: no autocast, the model converted to BF16/FP16 ("device:dtype" as for autocast)
+    seen = seen or sorted({d for r in runs.values() for d in r.low_weights})
     if not seen:
         raise UsageError(f"{script} enables no autocast region (its AMP run computed in FP32, like the FP32 run): "
                          f"nothing to compare; wrap its forward and loss in torch.autocast(device_type, dtype=...)")
@@ -141,7 +143,7 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
                    log_every: int | None = None,
                    metric: str | None = None, metric_mode: str | None = None, out: str | Path | None = None,
                    run_audit: bool = True, progress: Progress | None = None,
-                   tolerance: float | None = None) -> CompareResult:
+                   tolerance: float | None = None, launch: Any = None) -> CompareResult:
     """Run ``python script *args`` in FP32 and in AMP for each seed (fresh processes); return the verdict.
 
     Args:
@@ -156,10 +158,12 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
         run_audit: also record the dtype of every op of the script's first step with autocast enabled (one more
             run, stopped after that step).
         tolerance: the harm AMP may do, relative to FP32 (default 1 %): the paired judge of task comparisons.
+        launch: a :class:`~ampkit.diagnose.script_launch.Launch`: every run is a launch of several processes
+            (torchrun, accelerate launch); the loss of a step is the mean over the ranks.
 
-    Raises :class:`~ampkit.errors.UsageError` (one line) for a missing script, a multi-process launch, a crash
-    of the script (its own error line), a script that never steps an optimizer or enables no autocast, and a
-    script whose low precision does not come from autocast (``model.half()``, ``.to(torch.bfloat16)``).
+    Raises :class:`~ampkit.errors.UsageError` (one line) for a missing script, a crash of the script (its own
+    error line), ranks that die or disagree, a script that never steps an optimizer or has no low precision,
+    and a parameter created in low precision that the FP32 runs cannot keep FP32.
     """
     t0 = time.perf_counter()
     emit = progress or (lambda ev: None)
@@ -191,7 +195,7 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
                       "total": steps or 0})
                 with _stopped_in(f"run {count} of {total}", count - 1, "the running one stopped"):
                     run = run_script(full, list(args), mode=side, seed=seed, folder=base / f"{side}-seed{seed}",
-                                     precision=forced, steps=steps)
+                                     precision=forced, steps=steps, launch=launch)
                     _not_stopped(run)
                 _metric(run, regex, metric or "")  # a --metric that never matches: refused now, not after 2N runs
                 if side == "amp":
@@ -220,9 +224,10 @@ def compare_script(script: str, args: Sequence[str] = (), *, precision: str | No
             emit({"event": "audit"})
             with _stopped_in("the audit run", sum(len(r) for r in runs.values()), "the audit run stopped"):
                 audit = run_script(full, list(args), mode="amp", seed=seed_list[0], folder=base / "audit",
-                                   precision=forced, audit=True, entry=AUDIT_ENTRY).audit
+                                   precision=forced, audit=True, entry=AUDIT_ENTRY, launch=launch).audit
         result = _assemble(script, list(args), runs, forced, regex, metric, higher, log_every, audit,
                            base if out is not None else None, t0, tolerance, looks, stop)
+        result = _with_reach(result, runs, launch)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -323,6 +328,34 @@ def _judged(script: str, runs: dict[str, dict[int, ScriptRun]], regex: re.Patter
                     higher_is_better=higher, tolerance=tolerance, looks=looks,
                     bf16_advice=bf16_advice(parse_device(dev_type)) if name == "fp16" else None)
     return verdict, outcomes, every, steps
+
+
+def _with_reach(result: CompareResult, runs: dict[str, dict[int, ScriptRun]], launch: Any) -> CompareResult:
+    """The launch and the pure-low-precision switching, in the notes and ``source`` of the result."""
+    from dataclasses import replace
+
+    notes, source = list(result.notes), dict(result.source)
+    described = result.task_description
+    if launch is not None:
+        described = " ".join([launch.describe(), source["script"], *source["args"]])
+        ranks = max(r.ranks for rs in runs.values() for r in rs.values())
+        notes.append(f"every run was `{launch.describe()}` with {ranks} processes, the precision switched in each "
+                     f"rank; the loss of a step is the mean over the ranks (each rank's record merged at the end)")
+        source.update(launch=launch.describe(), ranks=ranks)
+    switched = {k: v for r in runs["fp32"].values() for k, v in r.switched.items()}
+    if switched:
+        what = "; ".join(f"{k} ({v}x)" if v > 1 else k for k, v in list(switched.items())[:6])
+        notes.append(f"pure low precision: the FP32 runs kept FP32 what the script converts to low precision, "
+                     f"those conversions made no-ops: {what}" + (" ..." if len(switched) > 6 else ""))
+        source["switched"] = switched
+    low = sorted({d.split(":")[-1] for r in runs["amp"].values() for d in r.low_weights})
+    if low:
+        source["low_weights"] = low
+        if not any(r.autocast for r in runs["amp"].values()):
+            reason = f"the script's own {'/'.join(low)} weights (pure low precision, no autocast)"
+            return replace(result, notes=tuple(notes), source=source, precision_reason=reason,
+                           task_description=described)
+    return replace(result, notes=tuple(notes), source=source, task_description=described)
 
 
 def _audit_summary(audit: dict[str, Any] | None) -> dict[str, Any] | None:
