@@ -78,9 +78,9 @@ def compare(weights: str, seeds: int, lr: float | None, steps: int | None) -> di
         if not path.exists():
             return {"command": " ".join(cmd[1:]), "exit_code": proc.returncode, "error": proc.stderr[-500:]}
         data = json.loads(path.read_text())
-    return {"command": "ampkit " + " ".join(cmd[3:-3]) + (f" --lr {lr}" if lr else ""), "exit_code": proc.returncode,
-            "verdict": data["verdict"], "reasons": data.get("reasons"), "fp32": data.get("fp32"), "amp": data.get("amp"),
-            "seeds": seeds}
+    shown = [a for i, a in enumerate(cmd[3:]) if a not in ("--out", "--no-audit") and cmd[3:][i - 1] != "--out"]
+    return {"command": "ampkit " + " ".join(shown), "exit_code": proc.returncode, "verdict": data["verdict"],
+            "reasons": data.get("reasons"), "seeds": seeds}
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--skip-compare", action="store_true")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    data = {"date": datetime.date.today().isoformat(), "commit": commit, "torch": torch.__version__,
+    data = {"kind": "bf16-weights-cpu", "date": datetime.date.today().isoformat(), "git_commit": commit, "torch": torch.__version__,
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                         "load_start": round(os.getloadavg()[0], 1)},
             "stored": {w: stored_bytes(w) for w in ("fp32", "bf16", "bf16-pure")}}

@@ -56,6 +56,8 @@ def kind_of(data: dict) -> str:
     if data.get("kind") == "fp8-decision" and isinstance(data.get("decision"), dict):
         return "fp8-decision"  # benchmarks/fp8_decision_h200.py: the measured FP8 decision on one model
 
+    if data.get("kind") == "bf16-weights-cpu" and isinstance(data.get("stored"), dict):
+        return "bf16-weights-cpu"  # benchmarks/bf16_weights.py: bytes stored per parameter, compare verdicts
     if data.get("kind") == "bf16-weights-gpu" and isinstance(data.get("runs"), list):
         return "bf16-weights"  # benchmarks/bf16_weights_h200.py: memory and step time of the ways to store weights
     if data.get("kind") == "parity" and isinstance(data.get("runs"), list):
@@ -403,6 +405,24 @@ def bf16_weights_section(files: list[dict]) -> list[str]:
     return lines
 
 
+def bf16_weights_cpu_section(files: list[dict]) -> list[str]:
+    """benchmarks/bf16_weights.py: bytes per parameter counted on live tensors, and compare's verdicts on charlm."""
+    data = max(files, key=lambda d: (str(d.get("date")), d["_file"]))
+    lines = ["## BF16 weights on the CPU: bytes per parameter and the verdict (`benchmarks/bf16_weights.py`)", "",
+             "Bytes stored per parameter between steps (charlm's model, AdamW), counted on the live tensors:", "",
+             "| weights | weight | remainder | gradient | optimizer states | total |", "|---|---|---|---|---|---|"]
+    for mode, r in data["stored"].items():
+        b = r["bytes_per_parameter"]
+        lines.append(f"| `{mode}` | {b['weight']:g} | {b['remainder']:g} | {b['gradient']:g} | {b['states']:g} | "
+                     f"{r['total_per_parameter']:g} |")
+    lines += ["", "| command | verdict | reasons |", "|---|---|---|"]
+    for c in data.get("compare", []):
+        reasons = "; ".join(c.get("reasons") or []) or "-"
+        lines.append(f"| `{c['command']}` | **{str(c.get('verdict')).upper()}** | {_cell(reasons)} |")
+    lines += ["", f"{data['_file']}, {_commit(data)}, {_date(data)}, torch {_torch(data)}.", ""]
+    return lines
+
+
 def parity_section(files: list[dict]) -> list[str]:
     """ampkit parity on an accelerator against the CPU."""
     lines = ["## `ampkit parity` on the GPU against the CPU", "",
@@ -637,6 +657,8 @@ def render(results: list[dict] | None = None) -> str:
         out += fp8_decision_section(by_kind["fp8-decision"]) + [""]
     if by_kind.get("bf16-weights"):
         out += bf16_weights_section(by_kind["bf16-weights"]) + [""]
+    if by_kind.get("bf16-weights-cpu"):
+        out += bf16_weights_cpu_section(by_kind["bf16-weights-cpu"]) + [""]
     if by_kind.get("parity"):
         out += parity_section(by_kind["parity"]) + [""]
     if by_kind.get("migrate"):
