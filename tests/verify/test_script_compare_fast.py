@@ -48,7 +48,7 @@ for step in range(8):
 def in_process(monkeypatch):
     """Each run's child in this process: ``python -m ENTRY SPEC`` becomes ``script_run.main([SPEC])``."""
 
-    def run(argv, stdout, stderr, env=None, timeout=None):
+    def run(argv, stdout, stderr, env=None, timeout=None, timeout_s=None):
         entry, spec = argv[2], argv[3]
         recorder = None
         if entry == AUDIT_ENTRY:
@@ -66,7 +66,9 @@ def in_process(monkeypatch):
         stderr.write(err.getvalue().encode())
         return subprocess.CompletedProcess(argv, code)
 
-    # Only `subprocess.run` is replaced (the rest of the module as it is), in script_run's view only.
+    # Only the start of the child (`run_tied`, and `subprocess.run` where it is used) is replaced, in script_run's
+    # view only.
+    monkeypatch.setattr(script_run, "run_tied", run)
     monkeypatch.setattr(script_run, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "run": run}))
 
 
@@ -82,7 +84,7 @@ def test_seed_k_gets_its_own_seeds_and_both_precisions_share_them(tiny, in_proce
     result = compare_script(tiny, seeds=3, log_every=1, out=tmp_path / "o", run_audit=True, metric=r"score ([0-9.]+)",
                             progress=lambda ev: seen.append((ev["seed"], ev["precision"]))
                             if ev["event"] == "run_start" else None)
-    assert seen == [(s, p) for s in range(3) for p in ("fp32", "amp")]
+    assert seen == [(s, p) for s in range(3) for p in ("amp", "fp32")]  # AMP first: refusals after one run
     first = {side: [curve[0][1] for curve in result.curves[side].values()] for side in ("fp32", "amp")}
     assert len(set(first["fp32"])) == 3  # another k, another start
     assert all(abs(a - b) <= 0.02 * abs(a) for a, b in zip(first["fp32"], first["amp"]))  # the same start per k
