@@ -33,7 +33,7 @@ for step in range(6):
 def test_a_run_stopped_by_a_signal_gets_no_verdict(tmp_path, in_process, first_step):
     script = tmp_path / "ctrl_c.py"
     script.write_text(CTRL_C.replace("step == 2", "step == 0") if first_step else CTRL_C)
-    with pytest.raises(Interrupted, match="stopped by SIGINT during the FP32 run of seed 0") as info:
+    with pytest.raises(Interrupted, match="stopped by SIGINT during the AMP run of seed 0") as info:  # AMP runs first
         compare_script(str(script), ["--stop"], seeds=2, run_audit=False, out=tmp_path / "o")
     assert info.value.exit_code == 130
     assert not (tmp_path / "o" / "compare.json").exists() and not (tmp_path / "o" / "report.html").exists()

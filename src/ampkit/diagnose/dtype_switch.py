@@ -195,6 +195,14 @@ class DtypeSwitch:
                 if isinstance(p, torch.Tensor) and p.dtype in LOW:
                     self._refuse(p, "a parameter")
 
+    def note_low_params(self, optimizer: Any) -> None:
+        """At the first optimizer step of an AMP run: parameters in BF16/FP16, however they were made, are the
+        precision of a pure-low-precision script (the FP32 run then refuses those it cannot keep FP32, by name)."""
+        for group in getattr(optimizer, "param_groups", []):
+            for p in group.get("params", []):
+                if isinstance(p, torch.Tensor) and p.dtype in LOW:
+                    self.low_weights.add(f"{p.device.type}:{_dname(p.dtype)}")
+
     def _refuse(self, p: torch.Tensor, what: str) -> None:
         done = "; ".join(self.switched) or "none"
         name = _dname(p.dtype)

@@ -330,6 +330,8 @@ class Switch:
     def _opt_post_hook(self, optimizer, args, kwargs) -> None:
         if self.step == 0 and self.mode == "fp32":
             self.dtypes.check_params(optimizer)
+        elif self.step == 0:  # AMP runs first: low-precision parameters say which precision the script trains in
+            self.dtypes.note_low_params(optimizer)
         if not self._in_scaler_step and not self._busy:
             self._count(None, None)
 

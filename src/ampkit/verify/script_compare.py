@@ -244,6 +244,8 @@ def _stopped_in(where: str, finished: int, running: str) -> Iterator[None]:
     try:
         yield
     except Interrupted as stop:
+        if " run of seed " in str(stop):  # the run itself said which it was (_not_stopped): that is more precise
+            raise
         runs = f"{finished} run{'s' if finished != 1 else ''} finished"
         raise Interrupted(stop.signum, f"during {where} ({runs}, {running})") from None
 
