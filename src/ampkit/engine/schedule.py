@@ -184,7 +184,9 @@ class DeviceSchedule:
         for index, epoch, before in self._probes[start][position - start - 1]:
             user = self._users[index]
             now = [float(fn(epoch)) for fn in user.lr_lambdas]
-            if now != before and not all(math.isnan(a) and math.isnan(b) for a, b in zip(now, before)):
+            same = len(now) == len(before) and all(a == b or (math.isnan(a) and math.isnan(b))
+                                                   for a, b in zip(now, before))  # NaN is NaN: the NaN-LR guard names it
+            if not same:
                 raise UsageError(
                     f"{type(user).__name__} gives other learning rates now (its function: {now} at step {epoch}) "
                     f"than when ampkit evaluated it ahead ({before}): with a fused optimizer the schedule is "
@@ -212,7 +214,9 @@ class DeviceSchedule:
         """UsageError when the schedule, evaluated again now, differs from what was evaluated ahead."""
         ahead = self._rows.get(start, [])
         for i, (now, before) in enumerate(zip(rows, ahead)):
-            if now != before and not all(math.isnan(a) and math.isnan(b) for a, b in zip(now, before)):
+            same = len(now) == len(before) and all(a == b or (math.isnan(a) and math.isnan(b))
+                                                   for a, b in zip(now, before))  # NaN is NaN: the NaN-LR guard names it
+            if not same:
                 raise UsageError(
                     f"{type(self.scheduler).__name__} gives other learning rates now ({now}) than when ampkit "
                     f"evaluated it ahead ({before}) for its step {start + i + 1}: with a fused optimizer the "
