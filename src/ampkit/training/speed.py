@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["SpeedRatio", "speed_ratio", "describe"]
+__all__ = ["SpeedRatio", "speed_ratio", "describe", "fmt_rate"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,15 @@ def describe(info: dict[str, Any] | None, fallback: float | None = None) -> str:
     if fallback is None:
         return "n/a"
     return f"{fallback:.2f}x (no spread measured)"
+
+
+def fmt_rate(v: float | None, digits: int = 3) -> str:
+    """A rate (samples/s, steps/s, TFLOP/s) with ``digits`` significant digits, never shown as 0 or 1 from rounding:
+    ``1234.5 -> "1,234"``, ``1.37 -> "1.37"``, ``0.0042 -> "0.0042"`` (issue 45: "1 | 1" and "0")."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    if v == 0:
+        return "0"
+    if abs(v) >= 10 ** digits:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}" if "e" not in f"{v:.{digits}g}" else f"{v:.{digits - 1 + max(0, -math.floor(math.log10(abs(v))))}f}"

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from ampkit.verify.result import CompareResult
-from ampkit.training.speed import describe
+from ampkit.training.speed import describe, fmt_rate
 
 __all__ = ["plot_pngs"]
 
@@ -126,7 +126,7 @@ def _perf_figure(r: CompareResult) -> Any:
     colors = [FP32_COLOR, AMP_COLOR]
     sps = [r.throughput.get("fp32") or 0.0, r.throughput.get("amp") or 0.0]
     bars = ax1.bar(labels, sps, color=colors, width=0.55)
-    ax1.bar_label(bars, labels=[f"{v:,.2f}" if max(sps) < 10 else f"{v:,.0f}" for v in sps], fontsize=8, padding=2)
+    ax1.bar_label(bars, labels=[fmt_rate(v) for v in sps], fontsize=8, padding=2)
     sp = r.ratios.get("speedup")
     ax1.set_title(f"Throughput, {r.throughput.get('unit', 'samples/s')}", fontsize=10, loc="left")
     if sp:  # a figure-level line of its own: inside ax1's title it ran into "Peak memory" (issue 45)
