@@ -30,3 +30,21 @@ def test_missing_or_bad_pairs_are_dropped_and_json_round_trips():
 
 def test_module_examples_run():
     assert doctest.testmod(speed).failed == 0
+
+
+def test_one_outlier_seed_does_not_stretch_the_spread():
+    # Issue 45: "1.21x (1.14x-4.46x)": one seed caught by load made the spread 3x wider than the other seeds.
+    r = speed_ratio([114, 119, 121, 131, 446], [100] * 5)
+    lo, hi = r.spread
+    assert r.median == 1.21 and 1.14 <= lo <= 1.21 <= hi <= 1.31
+    assert r.text() == f"1.21x ({lo:.2f}x-{hi:.2f}x middle half of 5 seeds)" and r.within_noise is False
+    assert r.to_dict()["range"] == [1.14, 4.46]  # the full range stays in the JSON
+
+
+def test_rates_keep_significant_digits_never_0_or_1_from_rounding():
+    # Issue 45: steps/s shown as "1 | 1" and "0", "matmul rate 0.0 TFLOP/s".
+    from ampkit.training.speed import fmt_rate
+
+    assert fmt_rate(1.37) == "1.37" and fmt_rate(0.6) == "0.6" and fmt_rate(0.0042) == "0.0042"
+    assert fmt_rate(0.04123) == "0.0412" and fmt_rate(1234.5) == "1,234" and fmt_rate(0.00001234) == "0.0000123"
+    assert fmt_rate(None) == "n/a" and fmt_rate(float("nan")) == "n/a"

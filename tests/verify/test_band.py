@@ -40,7 +40,7 @@ def test_everything_inside_passes():
 def test_final_metric_alone_fails():
     v = _judge(_runs([0.93, 0.935, 0.93]))  # curves identical to FP32; accuracy 2.4 % lower, tolerance 1 %
     assert v.verdict == "fail" and len(v.reasons) == 1
-    assert v.reasons[0].startswith("final accuracy: FP16 worse by +2.442% (upper bound +2.935%, lower +1.717%)")
+    assert v.reasons[0].startswith("final accuracy: FP16 worse by 2.442% (upper bound +2.935%, lower +1.717%)")
     assert v.reasons[0].endswith("beyond the tolerance")
     assert v.final_metric["effect"]["lower"] > 0.01
 

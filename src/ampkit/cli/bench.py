@@ -9,6 +9,7 @@ import sys
 from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, check_writable, console, err_console, print_json
 from ampkit.cli.fp8view import fp8_trial_line
 from ampkit.cli.hardstop import exit_promptly
+from ampkit.training.speed import fmt_rate
 
 __all__ = ["register", "run"]
 
@@ -118,7 +119,7 @@ class _Progress:
         elif kind == "start":
             self.err.print(f"[bold]bench {ev['model']}[/] on {ev['device']} ({ev['name']})", highlight=False)
         elif kind == "peak":
-            self.err.print(f"matmul rate: {ev['tflops']:.1f} TFLOP/s ({ev['dtype']}, {ev['shape'][0]}^3)",
+            self.err.print(f"matmul rate: {fmt_rate(ev['tflops'])} TFLOP/s ({ev['dtype']}, {ev['shape'][0]}^3)",
                            highlight=False)
         elif kind == "runner":
             mode = "compiled" if ev["compiled"] else "eager"
@@ -174,7 +175,7 @@ def render(result: dict) -> None:
     out.print(f"[bold]{model['name']}[/] on {dev['name']} ({dev['type']}), torch {result['versions'].get('torch')}: "
               f"{model['description']}", highlight=False)
     settings = result["settings"]
-    out.print(f"matmul rate {peak['tflops']:.1f} TFLOP/s ({peak['dtype']}), {settings['steps']} timed steps "
+    out.print(f"matmul rate {fmt_rate(peak['tflops'])} TFLOP/s ({peak['dtype']}), {settings['steps']} timed steps "
               f"after {settings['warmup']} warm-up, {settings.get('rounds', 1)} interleaved round(s): "
               "medians, spread min-max", highlight=False)
     per_tokens = model.get("tokens_per_step") is not None

@@ -304,6 +304,8 @@ def _num(v, fmt="{:.4g}") -> str:
 def _summary(r) -> None:
     from rich.table import Table
 
+    from ampkit.training.speed import fmt_rate
+
     from ampkit.training.speed import describe
 
     out = console()
@@ -331,8 +333,8 @@ def _summary(r) -> None:
     last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
     t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
     sp = r.ratios.get("speedup")
-    t.add_row(f"{r.throughput.get('unit', 'samples/s')} (median)", _num(r.throughput.get("fp32"), "{:,.0f}"),
-              _num(r.throughput.get("amp"), "{:,.0f}"),
+    t.add_row(f"{r.throughput.get('unit', 'samples/s')} (median)", fmt_rate(r.throughput.get("fp32")),
+              fmt_rate(r.throughput.get("amp")),
               f"speed-up {describe(r.ratios.get('speedup_spread'), sp)}" if sp else "")
     mem = r.memory
     saving = r.ratios.get("memory_saving")

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["SpeedRatio", "speed_ratio", "describe"]
+__all__ = ["SpeedRatio", "speed_ratio", "describe", "fmt_rate"]
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,19 @@ class SpeedRatio:
 
     @property
     def spread(self) -> tuple[float, float] | None:
-        """(lowest, highest) pair, or None with fewer than two pairs (no spread was measured)."""
-        return (min(self.pairs), max(self.pairs)) if len(self.pairs) >= 2 else None
+        """(lowest, highest) pair with two or three pairs; from four on the middle half of the pairs (quartiles),
+        so that one seed caught by a load spike does not stretch it ("1.21x (1.14x-4.46x)", issue 45); None
+        with fewer than two pairs (no spread was measured)."""
+        if len(self.pairs) < 2:
+            return None
+        if len(self.pairs) < 4:
+            return (min(self.pairs), max(self.pairs))
+        q1, _, q3 = statistics.quantiles(self.pairs, n=4, method="inclusive")
+        return (q1, q3)
 
     @property
     def within_noise(self) -> bool | None:
-        """True when the pairs' spread covers 1.0 (the run cannot tell faster from slower); None unmeasured."""
+        """True when the pairs' spread (see :attr:`spread`) covers 1.0 (the run cannot tell faster from slower); None unmeasured."""
         s = self.spread
         return None if s is None else s[0] <= 1.0 <= s[1]
 
@@ -54,10 +61,12 @@ class SpeedRatio:
         if s is None:
             return f"{self.median:.2f}x (one {self.unit}: no spread measured)"
         noise = ": within noise" if self.within_noise else ""
-        return f"{self.median:.2f}x ({s[0]:.2f}x-{s[1]:.2f}x over {len(self.pairs)} {self.unit}s{noise})"
+        part = "middle half of" if len(self.pairs) >= 4 else "over"
+        return f"{self.median:.2f}x ({s[0]:.2f}x-{s[1]:.2f}x {part} {len(self.pairs)} {self.unit}s{noise})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"median": self.median, "spread": list(self.spread) if self.spread else None, "pairs": list(self.pairs),
+                "range": [min(self.pairs), max(self.pairs)] if len(self.pairs) >= 2 else None,
                 "unit": self.unit, "within_noise": self.within_noise}
 
 
@@ -78,3 +87,15 @@ def describe(info: dict[str, Any] | None, fallback: float | None = None) -> str:
     if fallback is None:
         return "n/a"
     return f"{fallback:.2f}x (no spread measured)"
+
+
+def fmt_rate(v: float | None, digits: int = 3) -> str:
+    """A rate (samples/s, steps/s, TFLOP/s) with ``digits`` significant digits, never shown as 0 or 1 from rounding:
+    ``1234.5 -> "1,234"``, ``1.37 -> "1.37"``, ``0.0042 -> "0.0042"`` (issue 45: "1 | 1" and "0")."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    if v == 0:
+        return "0"
+    if abs(v) >= 10 ** digits:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}" if "e" not in f"{v:.{digits}g}" else f"{v:.{digits - 1 + max(0, -math.floor(math.log10(abs(v))))}f}"

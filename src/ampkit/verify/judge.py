@@ -259,7 +259,10 @@ def _pct(x: float) -> str:
 
 def describe(e: Effect, label: str) -> str:
     """One sentence: the effect, its interval, the tolerance and (inconclusive) the seeds that would decide it."""
-    head = (f"{e.name}: {label} worse by {_pct(e.mean)} (upper bound {_pct(e.upper)}, lower {_pct(e.lower)}) "
+    # The sign in words: a negative harm is "better by 0.195%", never "worse by -0.195%" (issue 45).
+    way = "worse" if not math.isfinite(e.mean) or e.mean >= 0 else "better"
+    size = _pct(abs(e.mean)).lstrip("+") if math.isfinite(e.mean) else "inf"
+    head = (f"{e.name}: {label} {way} by {size} (upper bound {_pct(e.upper)}, lower {_pct(e.lower)}) "
             f"against a tolerance of {e.tolerance:.3%}, {e.n} seed{'s' if e.n != 1 else ''}")
     if e.decision == "fail":
         return head + ": beyond the tolerance"

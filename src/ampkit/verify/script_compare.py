@@ -68,10 +68,17 @@ def window_curve(losses: list[float | None], every: int) -> list[list[float | No
 
 
 def metric_name(pattern: str | None) -> str:
-    """What the report calls the metric: the pattern's text before its first group ("test accuracy")."""
+    """What the report calls the metric: the pattern's text before its first group ("test accuracy"), taken whole:
+    a class escape (``\\s``, ``\\d``) is a space, not a letter ("eval_loss =s"), an escaped character is itself, and
+    a leading "final" is dropped because every renderer says "final <metric>" ("final final Loss_D")."""
     if not pattern:
         return "training loss"
-    head = re.sub(r"[\\^$.*+?\[\]{}|]", "", pattern.split("(", 1)[0]).strip(" :=")
+    head = pattern.split("(", 1)[0]
+    head = re.sub(r"\\[sdwSDWbB]", " ", head)
+    head = re.sub(r"\\(.)", r"\1", head)
+    head = re.sub(r"[\^$*+?\[\]{}|]", "", head)
+    head = re.sub(r"\s+", " ", head).strip(" :=.")
+    head = re.sub(r"(?i)^final\s+", "", head).strip(" :=")
     return head or "metric"
 
 
