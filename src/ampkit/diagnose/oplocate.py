@@ -114,6 +114,16 @@ class _Tiny:
     where: str | None
 
 
+# Ops whose output is not computed from their inputs: uninitialised memory (``empty_like`` under dropout, whose
+# bits may read as inf/NaN until they are filled) and random draws. Their values say nothing about precision.
+_NO_VALUES = ("empty", "rand", "bernoulli", "uniform", "normal", "exponential", "multinomial")
+
+
+def _computes(func) -> bool:
+    name = _op_name(func)
+    return not any(word in name for word in _NO_VALUES)
+
+
 def fp32_reference(func, args, kwargs) -> list[torch.Tensor] | None:
     """The op's outputs recomputed in FP32 on the same inputs (upcast), or None when it cannot run so."""
     try:
@@ -212,7 +222,7 @@ class _FirstNonFinite(TorchDispatchMode):
             small = [s for s in _scalars(args, kwargs) if 0 < abs(s) < _smallest(outs[0].dtype) / 2]
             if small:
                 self.tiny = _Tiny(small[0], _op_name(func), outs[0].dtype, self._where())
-        if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
+        if outs and _computes(func) and not all(bool(torch.isfinite(t).all()) for t in outs):
             self._note(func, args, kwargs, outs)
         return out
 
