@@ -9,7 +9,6 @@ import sys
 from ampkit.cli.common import add_device_arg, add_fp8_recipe_arg, check_writable, console, err_console, print_json
 from ampkit.cli.fp8view import fp8_trial_line
 from ampkit.cli.hardstop import exit_promptly
-from ampkit.training.speed import fmt_rate
 
 __all__ = ["register", "run"]
 
@@ -119,6 +118,8 @@ class _Progress:
         elif kind == "start":
             self.err.print(f"[bold]bench {ev['model']}[/] on {ev['device']} ({ev['name']})", highlight=False)
         elif kind == "peak":
+            from ampkit.training.speed import fmt_rate  # lazily: the CLI starts without torch
+
             self.err.print(f"matmul rate: {fmt_rate(ev['tflops'])} TFLOP/s ({ev['dtype']}, {ev['shape'][0]}^3)",
                            highlight=False)
         elif kind == "runner":
@@ -175,6 +176,8 @@ def render(result: dict) -> None:
     out.print(f"[bold]{model['name']}[/] on {dev['name']} ({dev['type']}), torch {result['versions'].get('torch')}: "
               f"{model['description']}", highlight=False)
     settings = result["settings"]
+    from ampkit.training.speed import fmt_rate  # lazily: the CLI starts without torch
+
     out.print(f"matmul rate {fmt_rate(peak['tflops'])} TFLOP/s ({peak['dtype']}), {settings['steps']} timed steps "
               f"after {settings['warmup']} warm-up, {settings.get('rounds', 1)} interleaved round(s): "
               "medians, spread min-max", highlight=False)
