@@ -193,6 +193,21 @@ def write_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
         return atomic_write_bytes(path, lambda fh: torch.save(state, fh))
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
+    except RuntimeError as exc:  # torch's zip writer hides the disk's OSError behind its own error when it closes
+        cause = _os_error_in(exc)
+        if cause is None:
+            raise
+        raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}") from exc
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
