@@ -11,6 +11,7 @@ __all__ = [
     "CheckpointMismatch",
     "TrainingHalted",
     "first_line",
+    "in_chain",
 ]
 
 
@@ -22,6 +23,18 @@ def first_line(exc: BaseException, limit: int | None = None) -> str:
     if limit is not None:
         line = line[:limit]
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def in_chain(exc: BaseException | None, kind: type) -> BaseException | None:
+    """The ``kind`` exception in ``exc``'s chain (itself, its ``__cause__``, or what it was raised while handling),
+    or None: how an error hidden behind a library's own (torch's zip writer, a signal in torchrun) is found."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class AmpkitError(Exception):

@@ -35,7 +35,7 @@ from ampkit.atomic import atomic_write_bytes, fsync_dir
 from ampkit.checkpoint.rotation import is_good, last_good, mark_good, rotate
 from ampkit.checkpoint.content import check_loadable, check_module, load_model_state, model_state, some_keys, unwrap_model
 from ampkit.device import Device, parse_device
-from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError
+from ampkit.errors import AmpkitError, CheckpointError, CheckpointMismatch, UsageError, in_chain
 
 __all__ = ["save_checkpoint", "load_checkpoint", "restore", "Restored", "CheckpointManager", "Found", "rng_state",
            "set_rng_state", "atomic_write_bytes", "fsync_dir", "prepare_folder", "restore_engine", "load_parts", "unwrap_model",
@@ -194,20 +194,10 @@ def write_state(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from exc
     except RuntimeError as exc:  # torch's zip writer hides the disk's OSError behind its own error when it closes
-        cause = _os_error_in(exc)
+        cause = in_chain(exc, OSError)
         if cause is None:
             raise
         raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}") from exc
-
-
-def _os_error_in(exc: BaseException) -> OSError | None:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:

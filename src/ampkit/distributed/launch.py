@@ -4,9 +4,8 @@ the job's exit code (128 + signal number) instead of torchrun's traceback."""
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from ampkit.errors import AmpkitError, UsageError
+from ampkit.errors import AmpkitError, UsageError, in_chain
 
 __all__ = ["torchrun_argv", "run_torchrun", "TORCHRUN_SIGNALS"]
 
@@ -65,19 +64,9 @@ def run_torchrun(args: list[str]) -> int:
     except Exception as exc:
         # torch's elastic agent can turn the signal into another error: its metrics wrapper fails with an
         # UnboundLocalError when the SignalException lands before it started timing (seen on torch 2.13).
-        signalled = _signal_in_chain(exc, SignalException)
+        signalled = in_chain(exc, SignalException)
         if signalled is None:
             raise
         return 128 + int(signalled.sigval)
     return 0
 
-
-def _signal_in_chain(exc: BaseException, kind: type) -> Any:
-    """The ``kind`` exception that ``exc`` was raised while handling (its ``__context__`` chain), or None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, kind):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None

@@ -77,6 +77,11 @@ def check_scheduler(scheduler: Any) -> None:
                          f"{type(scheduler).__name__}")
 
 
+def _same_rates(now: list[float], before: list[float]) -> bool:
+    """The same learning rates per group, a NaN equal to a NaN (the NaN-LR guard, not this check, names it)."""
+    return len(now) == len(before) and all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(now, before))
+
+
 def _marks(scheduler: Any) -> list[tuple[Any, Any]]:
     """(last_epoch, base_lrs list object) of the scheduler and of those it chains (ChainedScheduler,
     SequentialLR): a hand step changes an epoch, a loaded state the list objects."""
@@ -184,9 +189,7 @@ class DeviceSchedule:
         for index, epoch, before in self._probes[start][position - start - 1]:
             user = self._users[index]
             now = [float(fn(epoch)) for fn in user.lr_lambdas]
-            same = len(now) == len(before) and all(a == b or (math.isnan(a) and math.isnan(b))
-                                                   for a, b in zip(now, before))  # NaN is NaN: the NaN-LR guard names it
-            if not same:
+            if not _same_rates(now, before):
                 raise UsageError(
                     f"{type(user).__name__} gives other learning rates now (its function: {now} at step {epoch}) "
                     f"than when ampkit evaluated it ahead ({before}): with a fused optimizer the schedule is "
@@ -214,9 +217,7 @@ class DeviceSchedule:
         """UsageError when the schedule, evaluated again now, differs from what was evaluated ahead."""
         ahead = self._rows.get(start, [])
         for i, (now, before) in enumerate(zip(rows, ahead)):
-            same = len(now) == len(before) and all(a == b or (math.isnan(a) and math.isnan(b))
-                                                   for a, b in zip(now, before))  # NaN is NaN: the NaN-LR guard names it
-            if not same:
+            if not _same_rates(now, before):
                 raise UsageError(
                     f"{type(self.scheduler).__name__} gives other learning rates now ({now}) than when ampkit "
                     f"evaluated it ahead ({before}) for its step {start + i + 1}: with a fused optimizer the "
