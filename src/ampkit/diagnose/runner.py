@@ -16,6 +16,7 @@ import sys
 import traceback
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import is_ampkit_file, short_path
 from ampkit.errors import AmpkitError, UsageError, first_line
 
-__all__ = ["DiagnoseResult", "diagnose_script", "fp16_range_script"]
+__all__ = ["DiagnoseResult", "diagnose_script", "fp16_range_script", "run_as_main", "error_line"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +71,9 @@ def _resolve(path: str) -> str:
     return full
 
 
-def _run(path: str, args: list[str], inst: Instrumentation) -> tuple[str, BaseException | None]:
+def run_as_main(path: str, args: list[str], inst: Any) -> tuple[str, BaseException | None]:
+    """Run ``path`` as ``python path *args`` would, inside ``inst`` (a context manager with ``finish()``: the
+    instrumentation, or parity's recording); returns (how it stopped, the script's exception or None)."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [path, *args]
     sys.path[0:1] = [os.path.dirname(path)] if sys.path else [os.path.dirname(path)]
@@ -129,7 +132,7 @@ def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: in
         raise UsageError(f"--steps must be at least 1, got {steps}")
     full = _resolve(path)
     inst = Instrumentation(os.path.dirname(full), steps=steps, mode="diagnose")
-    stopped, error = _run(full, list(args), inst)
+    stopped, error = run_as_main(full, list(args), inst)
     tb = None
     if error is not None:
         mapped = _map_exception(error, inst, device)
@@ -138,11 +141,12 @@ def diagnose_script(path: str, args: list[str] | tuple[str, ...] = (), steps: in
         if not isinstance(error, SystemExit):
             tb = script_traceback(error, inst.user.is_user_file)
     return DiagnoseResult(script=path, findings=tuple(inst.findings), steps=inst.step, stopped=stopped,
-                          error=None if error is None else _error_line(error), traceback=tb,
+                          error=None if error is None else error_line(error), traceback=tb,
                           checked=inst.step > 0 or bool(inst.step_dtypes_seen))
 
 
-def _error_line(error: BaseException) -> str:
+def error_line(error: BaseException) -> str:
+    """The script's exception as one line (``SystemExit: CODE`` for an exit)."""
     if isinstance(error, SystemExit):
         return f"SystemExit: {error.code}"
     return first_line(error)
@@ -155,7 +159,7 @@ def fp16_range_script(path: str, args: list[str] | tuple[str, ...] = (), steps: 
         raise UsageError(f"--steps must be at least 1, got {steps}")
     full = _resolve(path)
     inst = Instrumentation(os.path.dirname(full), steps=steps, mode="range")
-    _, error = _run(full, list(args), inst)
+    _, error = run_as_main(full, list(args), inst)
     return inst.recorder.report(), None if error is None else first_line(error)
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import runpy
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from ampkit.device import detect_device
+from ampkit.diagnose.runner import error_line, run_as_main
 from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import UserCode
 from ampkit.errors import UsageError, first_line
@@ -129,7 +128,8 @@ def parity_script(path: str, args: list[str] | tuple[str, ...] = (), *, steps: i
             raise StopRun(f"stopped after {steps} optimizer step(s)")
 
     t0 = time.perf_counter()
-    stopped, error = _run(full, list(args), mode, modules, (before_step, after_step), precision)
+    stopped, exc = run_as_main(full, list(args), _Recording(mode, modules, (before_step, after_step), precision))
+    error = None if exc is None else error_line(exc)
     off = mode.off
     first = off[0] if off else None
     spread: dict[str, int] = {}
@@ -142,36 +142,36 @@ def parity_script(path: str, args: list[str] | tuple[str, ...] = (), *, steps: i
                         seconds=time.perf_counter() - t0, replay_seconds=mode.replay_s)
 
 
-def _run(path: str, args: list[str], mode: ParityMode, modules: ModulePaths, step_hooks: tuple[Any, Any],
-         precision: str | None) -> tuple[str, str | None]:
-    import torch._dynamo
+class _Recording:
+    """What surrounds the script while it is recorded (the diagnose runner's ``inst``): the dispatch mode, module
+    paths, the optimizer-step hooks, anomaly mode (for the forward line of a backward op), the forced autocast
+    dtype, and ``torch.compile`` off (the eager kernels are the ones compared)."""
 
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path, *args]
-    sys.path[0:1] = [os.path.dirname(path)]
-    import torch.optim.optimizer as optim_mod
+    def __init__(self, mode: ParityMode, modules: ModulePaths, step_hooks: tuple[Any, Any], precision: str | None):
+        self.mode, self.modules, self.step_hooks, self.precision = mode, modules, step_hooks, precision
+        self._stack = contextlib.ExitStack()
 
-    hooks = (optim_mod.register_optimizer_step_pre_hook(step_hooks[0]),
-             optim_mod.register_optimizer_step_post_hook(step_hooks[1]))
-    modules.install()
-    disable = torch._dynamo.config.disable
-    torch._dynamo.config.disable = True  # the eager kernels are the ones compared
-    try:
-        with warnings.catch_warnings(), _forced_autocast(precision), torch.autograd.set_detect_anomaly(True, False), \
-                mode:
-            warnings.simplefilter("ignore")  # anomaly mode's own warning, and the script's
-            try:
-                runpy.run_path(path, run_name="__main__")
-                return "finished", None
-            except StopRun as stop:
-                return str(stop), None
-            except SystemExit as exc:
-                return ("finished", None) if exc.code in (None, 0) else (f"exit {exc.code}", f"SystemExit: {exc.code}")
-            except Exception as exc:  # noqa: BLE001 - the script's error is a result
-                return "exception", f"{type(exc).__name__}: {first_line(exc)}"
-    finally:
-        torch._dynamo.config.disable = disable
-        modules.remove()
-        for hook in hooks:
-            hook.remove()
-        sys.argv, sys.path[:] = saved_argv, saved_path
+    def __enter__(self) -> "_Recording":
+        import torch._dynamo
+        import torch.optim.optimizer as optim_mod
+
+        stack = self._stack.__enter__()
+        for hook in (optim_mod.register_optimizer_step_pre_hook(self.step_hooks[0]),
+                     optim_mod.register_optimizer_step_post_hook(self.step_hooks[1])):
+            stack.callback(hook.remove)
+        self.modules.install()
+        stack.callback(self.modules.remove)
+        stack.callback(setattr, torch._dynamo.config, "disable", torch._dynamo.config.disable)
+        torch._dynamo.config.disable = True
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")  # anomaly mode's own warning, and the script's
+        stack.enter_context(_forced_autocast(self.precision))
+        stack.enter_context(torch.autograd.set_detect_anomaly(True, False))
+        stack.enter_context(self.mode)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return self._stack.__exit__(*exc)
+
+    def finish(self) -> None:
+        """Nothing is left to flush: each op was judged as it ran."""
