@@ -17,3 +17,6 @@ FP8_LAYERS = ("paying", "eligible")
 BENCH_PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
 BENCH_PEERS = ("accelerate", "fabric")
 BENCH_RUNNERS = ("plain", "ampkit", "ampkit-graph", "lesson", *BENCH_PEERS)
+# How a BF16 run stores its weights (ampkit.engine.master): FP32 (autocast casts per op), BF16 with exact FP32
+# updates (16-bit remainders), pure BF16 (no master copy; to measure its harm). First: the default.
+WEIGHTS = ("fp32", "bf16", "bf16-pure")

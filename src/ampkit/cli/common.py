@@ -34,7 +34,9 @@ def add_fp32_modules_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_weights_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "bf16-pure"),
+    from ampkit.choices import WEIGHTS
+
+    p.add_argument("--weights", default=WEIGHTS[0], choices=WEIGHTS,
                    help="how the (AMP) run stores its weights: fp32 (default; autocast casts per op), bf16 (BF16 "
                         "weights plus a 16-bit remainder each: exact FP32 updates in 2+2 bytes, --precision bf16), "
                         "bf16-pure (BF16 weights, no master copy: what model.to(torch.bfloat16) does, to measure it)")

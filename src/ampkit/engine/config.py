@@ -31,6 +31,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from ampkit.choices import WEIGHTS
 from ampkit.errors import UsageError
 
 __all__ = ["AmpConfig", "PRESETS", "DEFAULT_SKIP_CHECK_EVERY"]
@@ -123,8 +124,8 @@ class AmpConfig:
             if value is not None and (not _is_int(value) or value < 1):
                 raise UsageError(f"{name} must be an integer >= 1 or None, got {value!r}")
         _fp32_modules(self.fp32_modules)
-        if self.weights not in ("fp32", "bf16", "bf16-pure"):
-            raise UsageError(f"weights takes fp32, bf16 or bf16-pure, got {self.weights!r}")
+        if self.weights not in WEIGHTS:
+            raise UsageError(f"weights takes {', '.join(WEIGHTS)}, got {self.weights!r}")
 
     @property
     def clip_norm(self) -> float | None:

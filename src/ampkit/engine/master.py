@@ -39,11 +39,8 @@ from torch import nn
 
 from ampkit.errors import UsageError
 
-__all__ = ["WEIGHTS", "MasterWeights", "split", "join", "bytes_per_parameter"]
+__all__ = ["MasterWeights", "split", "join"]
 
-#: The values ``weights=`` takes: FP32 weights (autocast casts per op, the default), BF16 weights with exact
-#: FP32 updates, and pure BF16 weights (no master: small updates round away).
-WEIGHTS = ("fp32", "bf16", "bf16-pure")
 
 if sys.byteorder != "little":  # pragma: no cover - torch runs on little-endian machines only
     raise ImportError("ampkit.engine.master reads FP32 bits as two int16 halves: a little-endian machine is needed")
@@ -68,19 +65,6 @@ def join(high: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
     h = high.reshape(-1).view(torch.int16) - (remainder.reshape(-1) < 0).to(torch.int16)
     pair = torch.stack((remainder.reshape(-1), h), dim=-1)
     return pair.view(torch.int32).view(torch.float32).reshape(high.shape)
-
-
-def bytes_per_parameter(weights: str, optimizer: str = "adamw") -> dict[str, int]:
-    """Persistent bytes per parameter by part (weight, remainder, gradient, optimizer states) for a mode, as
-    the engine stores them between steps (activations and transient buffers excluded)."""
-    states = {"adamw": 8, "adam": 8, "sgd": 0, "sgd-momentum": 4}[optimizer]
-    if weights == "fp32":
-        return {"weight": 4, "remainder": 0, "gradient": 4, "states": states}
-    if weights == "bf16":
-        return {"weight": 2, "remainder": 2, "gradient": 2, "states": states}
-    if weights == "bf16-pure":
-        return {"weight": 2, "remainder": 0, "gradient": 2, "states": states // 2}
-    raise UsageError(f"weights takes one of {', '.join(WEIGHTS)}, got {weights!r}")
 
 
 class MasterWeights:
