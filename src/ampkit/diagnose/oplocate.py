@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampkit.diagnose.tracking import UserCode, frame_where, short_path, tensor_leaves
 
-__all__ = ["OpHit", "first_nonfinite_op", "first_nonfinite_backward", "classify", "fp32_reference", "precision_made", "OVERFLOW", "UNDERFLOW",
+__all__ = ["OpHit", "created_at", "first_nonfinite_op", "first_nonfinite_backward", "classify", "fp32_reference", "precision_made", "OVERFLOW", "UNDERFLOW",
            "CANCELLATION", "NONFINITE_INPUTS", "DIVISION_BY_ZERO"]
 
 OVERFLOW, UNDERFLOW, CANCELLATION, NONFINITE_INPUTS = "overflow", "underflow", "cancellation", "non-finite inputs"
@@ -291,7 +291,7 @@ def first_nonfinite_op(fn: Callable[[], Any], user: UserCode | None = None, tiny
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
-def _created_at(node, user: UserCode) -> str | None:
+def created_at(node, user: UserCode) -> str | None:
     """The innermost user line in the stack anomaly mode recorded when ``node`` was created."""
     stack = list(node.metadata.get("traceback_") or []) if hasattr(node, "metadata") else []
     start = next((i for i, e in enumerate(stack) if __file__ in e and "first_nonfinite_backward" in e), -1)
@@ -345,7 +345,7 @@ def first_nonfinite_backward(forward: Callable[[], Any], inputs: list[torch.Tens
     if not culprit:
         return hit
     node = culprit[0]
-    where = _created_at(node, user)
+    where = created_at(node, user)
     fwd = re.sub(r"Backward\d*$", "", node.name())
     if hit is None:
         return OpHit(fwd, "", (), True, where=where, detail=f"the backward of `{fwd}` ({node.name()}) gave inf/NaN")

@@ -21,7 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
-from ampkit.diagnose.tracking import UserCode, short_path
+from ampkit.diagnose.oplocate import created_at
+from ampkit.diagnose.tracking import UserCode
 from ampkit.parity.bounds import excess, magnitude_args, reference_args
 
 __all__ = ["OpResult", "ParityMode", "ModulePaths"]
@@ -154,7 +155,8 @@ class ParityMode(TorchDispatchMode):
         before = (tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), kwargs) if mutable else None
         out = func(*args, **kwargs)
         outs = _floats(out)
-        if not inputs or not outs or any(_storage(o) in {_storage(i) for i in inputs} for o in outs) and not mutable:
+        storages = {_storage(i) for i in inputs}
+        if not inputs or not outs or any(_storage(o) in storages for o in outs) and not mutable:
             self.skipped += 1  # a view, a factory or an op with no floating-point values to judge
             return out
         self._index += 1
@@ -211,24 +213,9 @@ class ParityMode(TorchDispatchMode):
         where = self.user.where(3)
         module = self.modules.current
         if node is not None:
-            where, module = _forward_line(node, self.user) or where, f"backward of {node.name()}"
+            where, module = created_at(node, self.user) or where, f"backward of {node.name()}"
         dtypes = tuple(str(t.dtype).replace("torch.", "") for t in _floats((args, kwargs)))
         return OpResult(index=self._index, op=f"aten.{name}", where=where, module=module, phase=phase,
                         dtypes=dtypes, out_dtype=str(outs[0].dtype).replace("torch.", ""), ratio=ratio, max_error=err)
 
-
-def _forward_line(node: Any, user: UserCode) -> str | None:
-    """The user's line that made ``node`` in the forward (anomaly mode records the forward's stack)."""
-    trace = getattr(node, "metadata", {}).get("traceback_") if hasattr(node, "metadata") else None
-    if not trace:
-        return None
-    text = "".join(trace) if isinstance(trace, list) else str(trace)
-    hit = None
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith('File "'):
-            path, _, rest = line[6:].partition('", line ')
-            if user.is_user_file(path):
-                hit = f"{short_path(path)}:{rest.split(',')[0]}"
-    return hit
 
