@@ -60,7 +60,7 @@ def test_an_unreachable_reference_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ampkit", "parity", "--against", "cuda:3", str(HERE / "attention_lm.py")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.count("\n") == 1 and "--against cuda:3" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--against cuda:3: that device is not reachable" in proc.stderr
     with pytest.raises(UsageError, match="script not found"):
         parity_script(str(tmp_path / "missing.py"))
 

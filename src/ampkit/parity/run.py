@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ampkit.device import detect_device
+from ampkit.device import detect_device, parse_device
 from ampkit.diagnose.runner import error_line, run_as_main
 from ampkit.diagnose.stop import StopRun
 from ampkit.diagnose.tracking import UserCode
@@ -68,9 +68,14 @@ class ParityResult:
 def _reference(against: str) -> torch.device:
     text = (against or "cpu").strip()
     try:
+        parse_device(text)  # a name that is no device at all: its own message
+    except Exception as exc:  # noqa: BLE001 - one line
+        raise UsageError(f"--against {text}: {first_line(exc)}") from None
+    try:
         dev = detect_device(text)  # an explicit device that is not here is an error, not the CPU
-    except Exception as exc:  # noqa: BLE001 - any bad or unreachable name becomes one line
-        raise UsageError(f"--against {text}: {first_line(exc)} (on a machine with one device: --against cpu)") from None
+    except Exception:  # noqa: BLE001 - not reachable here: one line in parity's own words
+        raise UsageError(f"--against {text}: that device is not reachable on this machine (`ampkit doctor` shows "
+                         "what is); on a machine with one device, compare it with the CPU: --against cpu") from None
     return dev.torch_device
 
 
