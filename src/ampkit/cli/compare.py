@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ampkit.cli.common import (ProgressView, add_device_arg, add_fp8_recipe_arg, add_fp32_modules_arg, add_precision_arg,
@@ -307,6 +308,7 @@ def _summary(r) -> None:
     from ampkit.training.speed import fmt_rate
 
     from ampkit.training.speed import describe
+    from ampkit.verify.figures import mean_text
 
     out = console()
     amp = r.precision.upper()
@@ -321,17 +323,22 @@ def _summary(r) -> None:
     t.add_column("", justify="left")
 
     def span(vals):
-        vals = [v for v in vals if v is not None]
-        return f"{min(vals):.4g}..{max(vals):.4g}" if len(vals) > 1 else (f"{vals[0]:.4g}" if vals else "n/a")
+        finite = [v for v in vals if v is not None and math.isfinite(v)]
+        bad = f"{len(vals) - len(finite)} not finite" if len(finite) < len(vals) else ""
+        if not finite:
+            return bad or "n/a"
+        text = f"{min(finite):.4g}..{max(finite):.4g}" if len(finite) > 1 else f"{finite[0]:.4g}"
+        return f"{text} (+{bad})" if bad else text
 
     allowed = m.get("allowed")
-    t.add_row(f"final {m['name']} (mean)", _num(m.get("fp32_mean")), _num(m.get("amp_mean")),
+    t.add_row(f"final {m['name']} (mean)", mean_text(m, "fp32", "{:.4g}".format), mean_text(m, "amp", "{:.4g}".format),
               "not informative: the loss decides" if m.get("not_informative") else
               f"allowed {'>=' if m.get('higher_is_better') else '<='} "
               f"{_num(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
     t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", [])), span(m.get("amp", [])), "")
-    last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
-    t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
+    if m["name"] != "training loss":  # else the row above already is the final training loss, seed by seed
+        last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
+        t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")
     sp = r.ratios.get("speedup")
     t.add_row(f"{r.throughput.get('unit', 'samples/s')} (median)", fmt_rate(r.throughput.get("fp32")),
               fmt_rate(r.throughput.get("amp")),

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampkit.verify.band import MAX_SKIP_SHARE, RunOutcome, band, hard_reasons, trainer_warnings
+from ampkit.verify.figures import finite_mean
 from ampkit.verify.sequential import Looks
 from ampkit.verify.stats import ALPHA, POWER, Effect, paired_effect
 
@@ -233,6 +234,9 @@ def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | N
     how: dict[str, Any] = {"loss": f"{loss_tol:.3g} of the FP32 loss (at least {LOSS_SCALE_FLOOR:g} of its first "
                                    f"logged value) {'(default)' if tolerance is None else '(--tolerance)'}"}
     why = uninformative(metric, f_vals, a_vals, tolerance, count, higher) if has_metric and windows else None
+    f_bad = [s for s, v in zip(seeds, f_vals) if not math.isfinite(v)]
+    if f_bad and any(math.isfinite(v) for v in f_vals + a_vals):  # said, not dropped in silence (issue 45)
+        why = f"FP32's is not finite (seed{'s' if len(f_bad) > 1 else ''} {', '.join(map(str, f_bad))})"
     if why:
         has_metric, how["metric_not_informative"] = False, why
     m = (1 if windows else 0) + (1 if has_metric else 0)
@@ -305,14 +309,17 @@ def _exits(windows: list[Effect], seeds: list[int], late_failed: bool, fp32, amp
 def _metric_info(metric: str, higher: bool, fp32, amp, seeds, endpoints: list[Effect]) -> dict[str, Any]:
     f, a = [fp32[s].final for s in seeds], [amp[s].final for s in seeds]
     info: dict[str, Any] = {"name": metric, "higher_is_better": higher, "fp32": f, "amp": a, "allowed": None}
-    e = next((x for x in endpoints if x.name == f"final {metric}"), None)
-    if e is None or not f:
-        if f:
-            info.update(fp32_mean=statistics.fmean(f), amp_mean=statistics.fmean(a))
+    if not f:
         return info
-    f_mean, a_mean = statistics.fmean(f), statistics.fmean(a)
+    # The means over the finite seeds, the others named (verify.figures): one NaN seed no longer hides the mean
+    # of the rest behind "n/a" (issue 45). When the metric is judged every seed is finite and nothing changes.
+    (f_mean, f_bad), (a_mean, a_bad) = finite_mean(f, seeds), finite_mean(a, seeds)
+    info.update(fp32_mean=f_mean, amp_mean=a_mean, fp32_not_finite=f_bad, amp_not_finite=a_bad)
+    e = next((x for x in endpoints if x.name == f"final {metric}"), None)
+    if e is None or f_mean is None:
+        return info
     margin = e.tolerance * abs(f_mean)
-    info.update(fp32_mean=f_mean, amp_mean=a_mean, margin=margin, margin_text=f"{e.tolerance:.3%} of the FP32 value",
+    info.update(margin=margin, margin_text=f"{e.tolerance:.3%} of the FP32 value",
                 allowed=[f_mean - margin, f_mean + margin], effect=e.to_dict())
     return info
 

@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ampkit.verify.result import CompareResult
 from ampkit.training.speed import describe
+from ampkit.verify.figures import mean_text
+from ampkit.verify.result import CompareResult
 from ampkit.verify.report_plots import _allowed_bound, _figure, plot_pngs  # noqa: F401 (public names kept here)
 
 __all__ = ["write_report", "render_html", "plot_pngs"]
@@ -85,11 +86,11 @@ def _cards(r: CompareResult) -> str:
     skipped = r.skipped.get("amp", {})
     total_skipped = sum(skipped.values())
     total_steps = r.steps * len(r.seeds)
-    vals = [v for v in (m.get("fp32") or []) + (m.get("amp") or []) if v is not None]
+    vals = [v for v in (m.get("fp32") or []) + (m.get("amp") or []) if v is not None and math.isfinite(v)]
     rate = bool(vals) and all(0 <= v <= 1 for v in vals) and "loss" not in str(m.get("name"))
     cards = [
-        (f"final {m.get('name', 'metric')}", f"{_fmt_metric(m.get('amp_mean'), rate)}",
-         f"{amp}; FP32 {_fmt_metric(m.get('fp32_mean'), rate)}"),
+        (f"final {m.get('name', 'metric')}", mean_text(m, "amp", lambda v: _fmt_metric(v, rate)),
+         f"{amp}; FP32 {mean_text(m, 'fp32', lambda v: _fmt_metric(v, rate))}"),
         ("speed-up", f"{sp:.2f}x" if sp else "n/a", _speed_note(r, amp)),
         ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
          "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
