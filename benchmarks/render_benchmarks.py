@@ -248,6 +248,8 @@ def bench_section(model: str, files: list[dict]) -> list[str]:
         value = bar.get("value")
         shown = "" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
         verdict = {True: "pass", False: "**miss**", None: "not judged"}.get(bar.get("pass"), str(bar.get("pass")))
+        if bar.get("state") == "within noise":  # a noisy machine's rounds: neither pass nor miss (issue 45)
+            verdict = "within noise" + (f" ({bar['spread'][0]:.3f}-{bar['spread'][1]:.3f})" if bar.get("spread") else "")
         lines.append(f"| {_cell(name)} | {_cell(bar.get('bar', ''))} | {shown} | {verdict} | "
                      f"{_cell(bar.get('detail', ''))} | {sources.ref(data)} |")
     lines += [""] + sources.render(_bench_method)

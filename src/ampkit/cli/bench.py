@@ -158,6 +158,14 @@ def _span(pair, spec: str) -> str:
     return "-" if not pair or pair[0] == pair[1] else f"{pair[0]:{spec}}-{pair[1]:{spec}}"
 
 
+def _state(bar: dict) -> str:
+    """A bar's outcome: pass, miss, or within noise with the rounds' spread (neither: a noisy machine's rounds)."""
+    if bar.get("state") == "within noise":
+        spread = bar.get("spread")
+        return "[yellow]within noise[/]" + (f" ({spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
+    return "[green]pass[/]" if bar["pass"] else "[red]miss[/]"
+
+
 def _short(text: str | None, n: int = 60) -> str:
     text = text or ""
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -209,8 +217,7 @@ def render(result: dict) -> None:
         for col in ("bar", "target", "measured", "", "detail"):
             t.add_column(col)
         for b in result["bars"]:
-            t.add_row(b["name"], b["bar"], _fmt(b["value"], ".3f"), "[green]pass[/]" if b["pass"] else "[red]miss[/]",
-                      b["detail"])
+            t.add_row(b["name"], b["bar"], _fmt(b["value"], ".3f"), _state(b), b["detail"])
         out.print(t)
     for note in result["notes"]:
         out.print(f"note: {note}", highlight=False)
