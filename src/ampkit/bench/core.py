@@ -13,6 +13,7 @@ from torch import nn
 
 from ampkit.bench import measure
 from ampkit.bench.report import evaluate_bars, make_notes
+from ampkit.bench.ran_as import Substituted
 from ampkit.bench.runners import PEERS, RUNNERS, Built, Ctx, Refused, Unavailable, build
 from ampkit.bench.fp8rows import fp8_workloads
 from ampkit.bench.workloads import Workload, load_workload
@@ -318,6 +319,8 @@ def _measure(wl: Workload, device: Device, label: str, prec: Precision, compiled
         if check_syncs and runner.startswith("ampkit"):
             sync_error = measure.strict_sync_check(built.step, wl.batches, device, n=config.sync_steps,
                                                    offset=offset + config.sync_steps)
+    except Substituted as exc:  # a peer ran another precision than asked: no row under the wrong label
+        return _row(label, prec, compiled, runner, status="substituted", message=str(exc))
     except Refused as exc:
         return _row(label, prec, compiled, runner, status="refused", message=str(exc))
     except Unavailable as exc:

@@ -162,6 +162,8 @@ def make_notes(result: dict[str, Any]) -> list[str]:
     for r in rows:
         if r["status"] == "refused":
             notes.append(f"{r['runner']} refused {r['precision']} ({_mode(r['compiled'])}): {r['message']}")
+        elif r["status"] == "substituted":
+            notes.append(f"{r['runner']} {r['precision']} ({_mode(r['compiled'])}) dropped: {r['message']}")
         elif r["status"] == "error":
             notes.append(f"{r['runner']} {r['precision']} {_mode(r['compiled'])} failed: {r['message']}")
         if r["runner"] == "ampkit-graph" and r["status"] == "ok" and not r.get("graph_captured"):

@@ -28,6 +28,7 @@ from torch import nn
 from ampkit.device import Device
 from ampkit.device.policy import Precision
 
+from ampkit.bench.ran_as import AutocastProbe, check_ran
 from ampkit.choices import BENCH_PEERS, BENCH_RUNNERS  # noqa: E402
 
 __all__ = ["RUNNERS", "PEERS", "Ctx", "Built", "Refused", "Unavailable", "build"]
@@ -236,9 +237,12 @@ def _fabric(ctx: Ctx) -> Built:
         except Exception as exc:  # noqa: BLE001
             raise Refused(_msg(exc)) from exc
     loss_fn, max_norm = ctx.loss, ctx.max_grad_norm
+    # Fabric may run another precision than asked ("16-mixed" is BF16 on the CPU): what ran is read in its step
+    probe = AutocastProbe(ctx.model, ctx.device.type)
 
     def step(b: tuple[torch.Tensor, ...]) -> torch.Tensor:
         loss = loss_fn(model, b)
+        check_ran(probe, ctx.precision.name, peer="Lightning Fabric", setting=precision)
         fabric.backward(loss)
         try:
             fabric.clip_gradients(model, opt, max_norm=max_norm)
@@ -248,7 +252,7 @@ def _fabric(ctx: Ctx) -> Built:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    return Built(step=step)
+    return Built(step=step, cleanup=probe.remove)
 
 
 def _msg(exc: BaseException) -> str:
