@@ -92,7 +92,7 @@ def measure() -> dict:
 
 
 def _commit() -> str | None:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
     return proc.stdout.strip() or None
 
 

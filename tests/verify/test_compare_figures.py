@@ -91,7 +91,7 @@ def test_every_figure_of_a_failing_metric_is_shown_the_same_way(capsys):
     row = next(ln for ln in text.splitlines() if "final score (mean)" in ln)
     assert "0.5116" in row and "0.4117" in row and f"allowed >= {m['allowed'][0]:.4g}" in row and "n/a" not in row
     card = _card(render_html(r, {"throughput.png": b""}))
-    assert "41.17%" in card and "FP32 51.16%" in card
+    assert "41.17%" in card and f"FP32 51.16%; allowed &gt;= {m['allowed'][0]:.2%}" in card  # the bound it failed
 
 
 def test_a_non_finite_amp_metric_fails_and_is_named_in_every_view(capsys):

@@ -88,9 +88,10 @@ def _cards(r: CompareResult) -> str:
     total_steps = r.steps * len(r.seeds)
     vals = [v for v in (m.get("fp32") or []) + (m.get("amp") or []) if v is not None and math.isfinite(v)]
     rate = bool(vals) and all(0 <= v <= 1 for v in vals) and "loss" not in str(m.get("name"))
+    fmt = lambda v: _fmt_metric(v, rate)  # noqa: E731
     cards = [
-        (f"final {m.get('name', 'metric')}", mean_text(m, "amp", lambda v: _fmt_metric(v, rate)),
-         f"{amp}; FP32 {mean_text(m, 'fp32', lambda v: _fmt_metric(v, rate))}"),
+        (f"final {m.get('name', 'metric')}", mean_text(m, "amp", fmt),
+         f"{amp}; FP32 {mean_text(m, 'fp32', fmt)}{_allowed_text(m, fmt)}"),
         ("speed-up", f"{sp:.2f}x" if sp else "n/a", _speed_note(r, amp)),
         ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
          "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
@@ -98,6 +99,17 @@ def _cards(r: CompareResult) -> str:
     ]
     return "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
                    f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
+
+
+def _allowed_text(m: dict[str, Any], fmt: Any) -> str:
+    """The bound the final metric is judged against, as the terminal summary says it (or why it is not judged)."""
+    if m.get("not_informative"):
+        return "; not informative: the loss decides"
+    allowed = m.get("allowed")
+    if not allowed:
+        return ""
+    higher = bool(m.get("higher_is_better"))
+    return f"; allowed {'>=' if higher else '<='} {fmt(allowed[0] if higher else allowed[1])}"
 
 
 def _speed_note(r: "CompareResult", amp: str) -> str:
