@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from ampkit.cli.compare import _summary
 from ampkit.verify.band import MARGINS, RunOutcome
@@ -100,3 +101,20 @@ def test_a_non_finite_amp_metric_fails_and_is_named_in_every_view(capsys):
     row = next(ln for ln in _printed(r, capsys).splitlines() if "final score (mean)" in ln)
     assert "0.5116" in row and "0.5014 (seeds 1, 2 not finite)" in row
     assert "50.14% (seeds 1, 2 not finite)" in _card(render_html(r, {"throughput.png": b""}))
+
+
+def test_a_failing_scripts_next_step_is_a_command_that_runs(capsys):
+    # compare SCRIPT refuses --explain (tests/verify/test_cli.py): the advice after its FAIL is diagnose, in both views
+    from dataclasses import replace
+
+    from ampkit.cli import main
+
+    r = replace(_result({0: 0.50137, 1: 0.51291, 2: 0.52063}, {0: 0.40213, 1: 0.41377, 2: 0.41911}, "score", True),
+                source={"kind": "script", "script": "train.py", "args": ["--epochs", "2"]})
+    text = _printed(r, capsys)
+    assert "next: ampkit diagnose train.py --epochs 2 runs your script" in text and "--explain" not in text
+    page = render_html(r, {"throughput.png": b""})
+    assert "<code>ampkit diagnose train.py --epochs 2</code>" in page and "--explain</code>" not in page
+    script = str(Path(__file__).parent / "scripts" / "plain_loop.py")
+    assert main(["compare", "--explain", script]) == 2  # what the old advice ("add --explain") led to
+    assert "--explain is for tasks" in capsys.readouterr().err

@@ -309,6 +309,7 @@ def _summary(r) -> None:
 
     from ampkit.training.speed import describe
     from ampkit.verify.figures import mean_text
+    from ampkit.verify.next_step import after_failure
 
     out = console()
     amp = r.precision.upper()
@@ -373,7 +374,10 @@ def _summary(r) -> None:
     _regions(out, r)
     _explain(out, r)
     if r.verdict == "fail" and r.explain is None:
-        out.print("next: add --explain to find the module that adds the error and a fix that passes", highlight=False)
+        cmd, what = after_failure(r)  # --explain is for tasks: a script's next step is diagnose (verify.next_step)
+        out.print(f"next: {cmd} {what}" if r.source else
+                  "next: add --explain to find the module that adds the error and a fix that passes",
+                  highlight=False, soft_wrap=True)
     elif r.passed:
         out.print(f"next: {next_step(r)}", highlight=False, soft_wrap=True)
     elif r.verdict == "inconclusive" and r.continuation is not None and r.report:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ampkit.training.speed import describe
 from ampkit.verify.figures import mean_text
+from ampkit.verify.next_step import after_failure
 from ampkit.verify.result import CompareResult
 from ampkit.verify.report_plots import _allowed_bound, _figure, plot_pngs  # noqa: F401 (public names kept here)
 
@@ -140,8 +141,8 @@ def _next_step(r: "CompareResult") -> str:
     if r.explain and (r.explain.get("recommendation") or {}).get("flags"):
         return (f"<p class=\"next\" id=\"next\"><b>Next</b>: rerun with "
                 f"<code>{_e(r.explain['recommendation']['flags'])}</code> (see Explain below).</p>")
-    return (f"<p class=\"next\" id=\"next\"><b>Next</b>: <code>ampkit compare --task {_e(r.task)} --precision "
-            f"{_e(prec)} --explain</code> names the module that adds the error and tries fixes.</p>")
+    cmd, what = after_failure(r)
+    return f"<p class=\"next\" id=\"next\"><b>Next</b>: <code>{_e(cmd)}</code> {_e(what)}.</p>"
 
 
 def _audit_section(audit: dict[str, Any] | None) -> str:
