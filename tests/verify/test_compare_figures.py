@@ -73,9 +73,9 @@ def test_a_non_finite_fp32_metric_is_said_and_the_mean_of_the_rest_shown(capsys,
     assert any("FP32's is not finite (seed 1)" in n for n in r.notes)  # not dropped in silence
     text = _printed(r, capsys)
     row = next(ln for ln in text.splitlines() if "final score (mean)" in ln)
-    assert "0.511 (seed 1 not finite)" in row and "n/a" not in row and "nan" not in row
+    assert "51.10% (seed 1 not finite)" in row and "n/a" not in row and "nan" not in row
     seeds_row = next(ln for ln in text.splitlines() if "final score (seeds)" in ln)
-    assert "0.5014..0.5206 (+1 not finite)" in seeds_row
+    assert "50.14%..52.06% (+1 not finite)" in seeds_row
     card = _card(render_html(r, {"throughput.png": b""}))
     assert "FP32 51.10% (seed 1 not finite)" in card and "n/a" not in card
     data = json.loads(json.dumps(r.to_dict()))
@@ -90,7 +90,8 @@ def test_every_figure_of_a_failing_metric_is_shown_the_same_way(capsys):
     assert math.isclose(m["fp32_mean"], 0.5116367, rel_tol=1e-6) and math.isclose(m["amp_mean"], 0.41167, rel_tol=1e-6) and m["allowed"]
     text = _printed(r, capsys)
     row = next(ln for ln in text.splitlines() if "final score (mean)" in ln)
-    assert "0.5116" in row and "0.4117" in row and f"allowed >= {m['allowed'][0]:.4g}" in row and "n/a" not in row
+    # the same figures, written the same way, in the terminal and the report (a rate: percentages in both)
+    assert "51.16%" in row and "41.17%" in row and f"allowed >= {m['allowed'][0]:.2%}" in row and "n/a" not in row
     card = _card(render_html(r, {"throughput.png": b""}))
     assert "41.17%" in card and f"FP32 51.16%; allowed &gt;= {m['allowed'][0]:.2%}" in card  # the bound it failed
 
@@ -99,7 +100,7 @@ def test_a_non_finite_amp_metric_fails_and_is_named_in_every_view(capsys):
     r = _result({0: 0.50137, 1: 0.51291, 2: 0.52063}, {0: 0.50137, 1: math.nan, 2: math.nan}, "score", True)
     assert r.verdict == "fail" and any("not finite (seeds 1, 2)" in x for x in r.reasons)
     row = next(ln for ln in _printed(r, capsys).splitlines() if "final score (mean)" in ln)
-    assert "0.5116" in row and "0.5014 (seeds 1, 2 not finite)" in row
+    assert "51.16%" in row and "50.14% (seeds 1, 2 not finite)" in row
     assert "50.14% (seeds 1, 2 not finite)" in _card(render_html(r, {"throughput.png": b""}))
 
 

@@ -308,7 +308,7 @@ def _summary(r) -> None:
     from ampkit.training.speed import fmt_rate
 
     from ampkit.training.speed import describe
-    from ampkit.verify.figures import mean_text
+    from ampkit.verify.figures import mean_text, metric_format
     from ampkit.verify.next_step import after_failure
 
     out = console()
@@ -323,20 +323,21 @@ def _summary(r) -> None:
     t.add_column(amp, justify="right")
     t.add_column("", justify="left")
 
-    def span(vals):
+    def span(vals, fmt="{:.4g}".format):
         finite = [v for v in vals if v is not None and math.isfinite(v)]
         bad = f"{len(vals) - len(finite)} not finite" if len(finite) < len(vals) else ""
         if not finite:
             return bad or "n/a"
-        text = f"{min(finite):.4g}..{max(finite):.4g}" if len(finite) > 1 else f"{finite[0]:.4g}"
+        text = f"{fmt(min(finite))}..{fmt(max(finite))}" if len(finite) > 1 else fmt(finite[0])
         return f"{text} (+{bad})" if bad else text
 
     allowed = m.get("allowed")
-    t.add_row(f"final {m['name']} (mean)", mean_text(m, "fp32", "{:.4g}".format), mean_text(m, "amp", "{:.4g}".format),
+    fmt = metric_format(m)  # the report's card writes the metric by the same rule
+    t.add_row(f"final {m['name']} (mean)", mean_text(m, "fp32", fmt), mean_text(m, "amp", fmt),
               "not informative: the loss decides" if m.get("not_informative") else
               f"allowed {'>=' if m.get('higher_is_better') else '<='} "
-              f"{_num(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
-    t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", [])), span(m.get("amp", [])), "")
+              f"{fmt(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
+    t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", []), fmt), span(m.get("amp", []), fmt), "")
     if m["name"] != "training loss":  # else the row above already is the final training loss, seed by seed
         last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
         t.add_row("final training loss", span(last["fp32"]), span(last["amp"]), "")

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["finite_mean", "mean_text"]
+__all__ = ["finite_mean", "mean_text", "metric_format"]
 
 
 def _finite(v: Any) -> bool:
@@ -42,3 +42,13 @@ def mean_text(final_metric: dict[str, Any], side: str, fmt: Callable[[float], st
 
 def _seeds(seeds: list[int]) -> str:
     return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def metric_format(final_metric: dict[str, Any]) -> Callable[[float], str]:
+    """How every view writes one value of the final metric: a rate (every finite value in [0, 1], not a loss: the
+    judge's own reading, ``judge._is_rate``) as a percentage with two decimals, anything else to 4 significant
+    digits. One rule, so that the terminal and the report never show the same figure two ways."""
+    vals = [v for v in (final_metric.get("fp32") or []) + (final_metric.get("amp") or []) if _finite(v)]
+    if vals and all(0 <= v <= 1 for v in vals) and "loss" not in str(final_metric.get("name")):
+        return lambda v: f"{v:.2%}"
+    return lambda v: f"{v:.4g}"

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 from ampkit.training.speed import describe
-from ampkit.verify.figures import mean_text
+from ampkit.verify.figures import mean_text, metric_format
 from ampkit.verify.next_step import after_failure
 from ampkit.verify.result import CompareResult
 from ampkit.verify.report_plots import _allowed_bound, _figure, plot_pngs  # noqa: F401 (public names kept here)
@@ -73,12 +72,6 @@ def _img(name: str, png: bytes, alt: str, cls: str = "") -> str:
     return f'<img{klass} id="img-{_e(name.split(".")[0])}" alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _fmt_metric(v: Any, rate: bool = False) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
-    return f"{v:.2%}" if rate else f"{v:.4g}"
-
-
 def _cards(r: CompareResult) -> str:
     m = r.final_metric
     amp = r.precision.upper()
@@ -87,9 +80,7 @@ def _cards(r: CompareResult) -> str:
     skipped = r.skipped.get("amp", {})
     total_skipped = sum(skipped.values())
     total_steps = r.steps * len(r.seeds)
-    vals = [v for v in (m.get("fp32") or []) + (m.get("amp") or []) if v is not None and math.isfinite(v)]
-    rate = bool(vals) and all(0 <= v <= 1 for v in vals) and "loss" not in str(m.get("name"))
-    fmt = lambda v: _fmt_metric(v, rate)  # noqa: E731
+    fmt = metric_format(m)  # the terminal summary writes the metric by the same rule
     cards = [
         (f"final {m.get('name', 'metric')}", mean_text(m, "amp", fmt),
          f"{amp}; FP32 {mean_text(m, 'fp32', fmt)}{_allowed_text(m, fmt)}"),
