@@ -68,14 +68,16 @@ def sentence(data: dict) -> str:
                                   for p in parts[1:]])
 
 
-def measure() -> dict:
-    """One run of the default `ampkit compare` (digits, --seeds auto) in a fresh process."""
+def measure(threads: int | None = None) -> dict:
+    """One run of the default `ampkit compare` (digits, --seeds auto) in a fresh process; ``threads``: with
+    ``OMP_NUM_THREADS`` set to it (torch's intra-op threads), else the environment's."""
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "ampkit", "compare", "--out", out], capture_output=True,
-                              text=True)
+                              text=True, env=env, check=False)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         load_end = os.getloadavg()
@@ -87,7 +89,8 @@ def measure() -> dict:
             "machine": {"cores": os.cpu_count(), "load_start": round(load_start[0], 1),
                         "load_end": round(load_end[0], 1), "loadavg_1_5_15_start": [round(x, 2) for x in load_start],
                         "loadavg_1_5_15_end": [round(x, 2) for x in load_end]},
-            "date": datetime.date.today().isoformat(), "git_commit": _commit(),
+            "omp_num_threads": env.get("OMP_NUM_THREADS"), "date": datetime.date.today().isoformat(),
+            "git_commit": _commit(),
             "measured_with": "resource.getrusage(RUSAGE_CHILDREN)"}
 
 
@@ -103,17 +106,56 @@ def record(data: dict, rec: dict) -> dict:
 
 def write_pages(data: dict) -> None:
     text = sentence(data)
+    threads = threads_sentence(json.loads(THREADS_RESULT.read_text(encoding="utf-8")))
     for page in PAGES:
         path = ROOT / page
-        body = path.read_text(encoding="utf-8")
-        path.write_text(MARK.sub(f"<!-- compare-timing -->{text}<!-- /compare-timing -->", body), encoding="utf-8")
+        body = MARK.sub(f"<!-- compare-timing -->{text}<!-- /compare-timing -->", path.read_text(encoding="utf-8"))
+        body = THREADS_MARK.sub(f"<!-- compare-threads -->{threads}<!-- /compare-threads -->", body)
+        path.write_text(body, encoding="utf-8")
+
+
+THREADS_RESULT = ROOT / "benchmarks" / "cpu-compare-threads.json"
+
+
+def threads_comparison(rounds: int) -> dict:
+    """Interleaved runs with torch's default intra-op threads and with one thread (OMP_NUM_THREADS=1), so that
+    both see the same load: on a shared CPU, idle threads waiting on busy cores cost CPU time."""
+    runs = []
+    for _ in range(rounds):
+        for threads in (None, 1):
+            runs.append(measure(threads))
+    return {"what": "ampkit compare (defaults), default threads vs OMP_NUM_THREADS=1, interleaved", "runs": runs}
+
+
+THREADS_MARK = re.compile(r"<!-- compare-threads -->(.*?)<!-- /compare-threads -->", re.S)
+
+
+def threads_sentence(data: dict) -> str:
+    """README's words for the threads comparison: the ranges of each setting and the load they ran under."""
+    def rng(vals: list[float]) -> str:
+        lo, hi = min(vals), max(vals)
+        return f"{lo:.0f} s" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f} s"
+
+    one = [r for r in data["runs"] if r["omp_num_threads"] == "1"]
+    default = [r for r in data["runs"] if r["omp_num_threads"] is None]
+    loads = [x for r in data["runs"] for x in (r["machine"]["load_start"], r["machine"]["load_end"])]
+    return (f"`OMP_NUM_THREADS=1 ampkit compare` took {rng([r['cpu_s'] for r in one])} of CPU time and "
+            f"{rng([r['wall_s'] for r in one])} of wall time against {rng([r['cpu_s'] for r in default])} and "
+            f"{rng([r['wall_s'] for r in default])} with torch's default threads ({len(data['runs'])} runs "
+            f"interleaved, load average {min(loads):.1f} to {max(loads):.1f}, measured {one[0]['date']})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pages", action="store_true", help="rewrite the pages from the JSON")
     ap.add_argument("--no-measure", action="store_true", help="only rewrite the pages from the existing JSON")
+    ap.add_argument("--threads-comparison", type=int, metavar="ROUNDS", default=0,
+                    help=f"only time default threads against OMP_NUM_THREADS=1, ROUNDS each, into {THREADS_RESULT.name}")
     args = ap.parse_args()
+    if args.threads_comparison:
+        THREADS_RESULT.write_text(json.dumps(threads_comparison(args.threads_comparison), indent=2) + "\n",
+                                  encoding="utf-8")
+        return
     if not args.no_measure:
         old = json.loads(RESULT.read_text(encoding="utf-8")) if RESULT.exists() else {}
         RESULT.write_text(json.dumps(record(old, measure()), indent=2) + "\n", encoding="utf-8")

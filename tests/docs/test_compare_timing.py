@@ -62,3 +62,12 @@ def test_no_page_states_an_unmeasured_timing():
                        r"|compare-timing --> with 3 seeds|With three seeds it takes")
     for page in (*timing.PAGES, "docs/index.md"):
         assert not stale.search((ROOT / page).read_text(encoding="utf-8")), page
+
+
+def test_readme_states_the_recorded_threads_comparison():
+    data = json.loads(timing.THREADS_RESULT.read_text(encoding="utf-8"))
+    runs = data["runs"]
+    assert [r["omp_num_threads"] for r in runs] == [None, "1"] * (len(runs) // 2) and runs  # interleaved
+    assert all(r["exit_code"] == 0 and r["verdict"] == "pass" and r["cpu_s"] > 0 for r in runs)
+    stated = timing.THREADS_MARK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert stated == [timing.threads_sentence(data)]
