@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "cpu-compare-timing.json"
 PAGES = ("README.md", "docs/getting-started.md", "docs/commands/compare.md")
+THREADS_PAGE = "docs/getting-started.md"  # where the one-thread figure is stated
 MARK = re.compile(r"<!-- compare-timing -->(.*?)<!-- /compare-timing -->", re.S)
 
 
@@ -52,20 +53,21 @@ def _one(rec: dict, *, first: bool) -> str:
     wall = rec["wall_s"]
     wall_text = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.1f} minutes"
     if _kind(rec) == "quiet":
-        where = f"a quiet {m['cores']}-core CPU (load average {max(m['load_start'], m['load_end']):.1f})"
+        load = f"load average {max(m['load_start'], m['load_end']):.1f}"
     else:
-        where = (f"{'a' if first else 'the same'} {m['cores']}-core CPU shared with other work "
-                 f"(load average {m['load_start']:.1f} at the start, {m['load_end']:.1f} at the end)")
-    return (f"{rec['cpu_s']:.0f} s of CPU time and {wall_text} of wall time on {where}, with {_seeds_text(rec)}, "
-            f"measured {rec['date']}")
+        load = f"load average {m['load_start']:.1f} at the start, {m['load_end']:.1f} at the end"
+    if first:
+        where = f"a {_kind(rec)} {m['cores']}-core CPU ({load})"
+        return (f"{rec['cpu_s']:.0f} s of CPU time and {wall_text} of wall time on {where} with {_seeds_text(rec)}, "
+                f"measured {rec['date']}")
+    return (f"{rec['cpu_s']:.0f} s and {wall_text} on the same CPU when {_kind(rec)} ({load}) with "
+            f"{_seeds_text(rec)}, measured {rec['date']}")
 
 
 def sentence(data: dict) -> str:
     """The words every page uses for the figures: the quiet machine's, then the busy machine's, each as recorded
     (its load average at the start and the end, the seeds it used)."""
-    parts = [_one(data[k], first=i == 0) for i, k in enumerate(k for k in ("quiet", "busy") if k in data)]
-    return "; ".join(parts[:1] + [f"on a busy machine {p}" if " shared with other work" in p else p
-                                  for p in parts[1:]])
+    return "; ".join(_one(data[k], first=i == 0) for i, k in enumerate(k for k in ("quiet", "busy") if k in data))
 
 
 def measure(threads: int | None = None) -> dict:

@@ -40,9 +40,9 @@ def test_a_measurement_replaces_the_record_of_its_kind_and_says_its_load_and_see
     data = timing.record(timing.record({}, quiet), _rec(5.2, 14.0))
     assert data["quiet"] is quiet and data["busy"]["machine"]["load_end"] == 14.0
     text = timing.sentence(data)
-    assert text.startswith("9 s of CPU time and 7 s of wall time on a quiet 2-core CPU (load average 0.5), with 3 seeds")
-    assert ("on a busy machine 34 s of CPU time and 74 s of wall time on the same 2-core CPU shared with other work "
-            "(load average 5.2 at the start, 14.0 at the end), with the default --seeds auto (4 seeds)") in text
+    assert text.startswith("9 s of CPU time and 7 s of wall time on a quiet 2-core CPU (load average 0.5) with 3 seeds")
+    assert ("; 34 s and 74 s on the same CPU when busy (load average 5.2 at the start, 14.0 at the end) with the "
+            "default --seeds auto (4 seeds), measured 2026-12-04") in text
     newer = timing.record(data, _rec(2.0, 3.0, cpu_s=20.0))
     assert newer["quiet"] is quiet and newer["busy"]["cpu_s"] == 20.0
 
@@ -64,10 +64,10 @@ def test_no_page_states_an_unmeasured_timing():
         assert not stale.search((ROOT / page).read_text(encoding="utf-8")), page
 
 
-def test_readme_states_the_recorded_threads_comparison():
+def test_getting_started_states_the_recorded_threads_comparison():
     data = json.loads(timing.THREADS_RESULT.read_text(encoding="utf-8"))
     runs = data["runs"]
     assert [r["omp_num_threads"] for r in runs] == [None, "1"] * (len(runs) // 2) and runs  # interleaved
     assert all(r["exit_code"] == 0 and r["verdict"] == "pass" and r["cpu_s"] > 0 for r in runs)
-    stated = timing.THREADS_MARK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    stated = timing.THREADS_MARK.findall((ROOT / timing.THREADS_PAGE).read_text(encoding="utf-8"))
     assert stated == [timing.threads_sentence(data)]
