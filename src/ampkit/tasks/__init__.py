@@ -69,6 +69,10 @@ class Task:
     where the device has it); ``make_scheduler(optimizer, total_steps)`` builds an LR scheduler that
     ``ampkit train`` steps once per optimizer step and keeps in its checkpoints (default: none).
     A batch may be a tensor or tuples, lists and dicts of tensors, nested.
+    ``cpu_threads``: the intra-op threads a run of this task uses on the CPU (None: torch's default). A model too
+    small to gain from a second thread sets 1: on a busy CPU, torch's threads waiting for a core cost many times
+    the work (the built-in digits task; measured in ``benchmarks/cpu-compare-threads.json``). An
+    ``OMP_NUM_THREADS`` the user set wins.
     ``graphable``: False when the model cannot be recorded as a device graph (it reads values on the host,
     or its shapes change from batch to batch); ``ampkit train`` then runs it eagerly and says why.
 
@@ -96,6 +100,7 @@ class Task:
     make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None
     make_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
     graphable: bool = True
+    cpu_threads: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

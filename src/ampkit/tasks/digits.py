@@ -179,6 +179,7 @@ def make_task(seed: int = 0, size: str = "auto", batch_size: int | None = None, 
         lr=cfg["lr"],
         weight_decay=0.01,
         default_steps=300,
+        cpu_threads=1,  # a model this small gains nothing from a second thread; a busy CPU's waiting threads cost 7x
         flops_per_step=3 * _forward_flops(model, batch_size),
         description=(f"scikit-learn 8x8 digits ({n_train} train / {len(y_test)} test images), "
                      f"{name} CNN ({shape}), cross-entropy; metric: test accuracy"),

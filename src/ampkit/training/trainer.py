@@ -17,11 +17,16 @@ SIGINT, SIGTERM and ``stop_signal`` stop every rank after the same step with one
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from ampkit import distributed as dist_mod
-from ampkit.device import detect_device
+from ampkit.device import Device, detect_device
 from ampkit.device.policy import Precision, bf16_advice
 from ampkit.engine.monitor import ScaleMonitor
 from ampkit.errors import TrainingHalted, UsageError
@@ -84,7 +89,8 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
     run, finished = None, False
     try:
         run = build_run(config, ctx, device, task=task, precision=precision, progress=progress)
-        result = _train(run, progress, given_task=task is not None)
+        with cpu_threads(run.device, run.task.cpu_threads):
+            result = _train(run, progress, given_task=task is not None)
         finished = True
         return result
     finally:
@@ -94,6 +100,22 @@ def train(config: TrainConfig, *, task: Task | None = None, precision: Precision
             run.amp.close()  # the TF32 switches as they were before the run
         if ctx is not None:
             ctx.close(finished=finished)
+
+
+@contextlib.contextmanager
+def cpu_threads(device: Device, threads: int | None) -> Iterator[None]:
+    """Run the body with ``threads`` intra-op threads when ``device`` is the CPU (a task's ``cpu_threads``), and
+    give torch's count back after. Nothing changes on an accelerator, for None, or when the user set
+    ``OMP_NUM_THREADS`` (their choice wins)."""
+    before = torch.get_num_threads()
+    if device.is_accelerator or threads is None or "OMP_NUM_THREADS" in os.environ or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _train(run: Run, progress: Progress | None, *, given_task: bool = False) -> TrainResult:
