@@ -119,7 +119,7 @@ def run(block: Block, folder: Path) -> str:
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     env.pop("NO_COLOR", None)
     proc = subprocess.run(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=1800)
+                          text=True, timeout=1800, check=False)
     lines: list[str] = []
     for line in proc.stdout.replace(str(folder.resolve()) + os.sep, "").replace(str(folder) + os.sep, "").splitlines():
         line = line.rstrip()
@@ -187,7 +187,7 @@ def screenshot(html: Path, png: Path) -> None:
             return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                    "--disable-background-networking", "--disable-component-update",
                                    f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args],
-                                  capture_output=True, text=True, timeout=180).stdout
+                                  capture_output=True, text=True, timeout=180, check=False).stdout
         finally:
             shutil.rmtree(profile, ignore_errors=True)
 
