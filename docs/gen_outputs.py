@@ -45,9 +45,10 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _TABLE = re.compile(r"^\s*[┏┃┡│└┗╭╰├┣]")
 _RULE = re.compile(r"^\s*[┏┡└┗╭╰├┣]")
 # Wording that depends on timing, not on the product: whether the speed-up's spread covers 1.0 (in a table
-# cell, whose words are joined without spaces, and in the note that explains it).
+# cell, whose words are joined without spaces) and the notes on it (src/ampkit/verify/compare.py).
 _VOLATILE_CELL = re.compile(r":withinnoise")
-_VOLATILE_TEXT = re.compile(r"note: speed-up .*? on this machine|: within noise")
+_VOLATILE_TEXT = re.compile(r"note: speed-up \S+ \([^)]*\): the seeds do not agree on faster or slower on this machine"
+                            r"|note: \S+ was slower than FP32 here: samples/s \S+ \([^)]*\)|: within noise")
 
 
 @dataclass

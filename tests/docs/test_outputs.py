@@ -47,7 +47,7 @@ def test_the_shown_output_is_what_the_product_prints(block, cpu, tmp_path):
 def test_the_pages_show_generated_outputs():
     ids = [b.id for b in BLOCKS]
     assert len(ids) == len(set(ids)), "two output blocks share an ID"
-    assert {"compare-digits", "compare-script", "doctor-cpu", "diagnose-absorbed"} <= set(ids)
+    assert {"compare-digits", "compare-script", "doctor-cpu", "diagnose-absorbed", "compare-explain"} <= set(ids)
     shot = [b for b in BLOCKS if b.screenshot]
     assert [b.id for b in shot] == ["compare-digits"], "one block makes docs/report-screenshot.png"
     for block in BLOCKS:
@@ -95,8 +95,10 @@ summary
 │              │ : within noise)    │
 └──────────────┴────────────────────┘
 PASS: BF16 is within the tolerance of FP32 (paired over 3 seeds)
-note: speed-up 0.90x (0.86x-1.01x): the seeds do not agree on faster or slower on this
+note: speed-up 0.90x (0.86x-1.01x over 3 seeds: within noise): the seeds do not agree on faster or slower on this
 machine
+note: FP16 was slower than FP32 here: samples/s 0.49x (0.49x-0.49x over 2
+seeds)
 """
 
 
@@ -109,9 +111,11 @@ def test_normalize_masks_noise_and_wrapping_but_not_words_or_rows():
                               "│              │ (0.86x-1.01x       │")
     assert rewrapped != TABLE and gen.normalize(rewrapped) == base
     decided = TABLE.replace("│              │ : within noise)    │", "│              │ )                  │")
-    decided = decided.replace("note: speed-up 0.90x (0.86x-1.01x): the seeds do not agree on faster or slower on this\n"
-                              "machine\n", "")
-    assert gen.normalize(decided) == base
+    decided = decided.replace("note: speed-up 0.90x (0.86x-1.01x over 3 seeds: within noise): the seeds do not agree "
+                              "on faster or slower on this\nmachine\n", "")
+    assert decided != TABLE and gen.normalize(decided) == base
+    faster = TABLE.replace("note: FP16 was slower than FP32 here: samples/s 0.49x (0.49x-0.49x over 2\nseeds)\n", "")
+    assert faster != TABLE and gen.normalize(faster) == base
     # a changed word, a changed row, a column more: different
     assert gen.normalize(TABLE.replace("PASS", "FAIL")) != base
     assert gen.normalize(TABLE.replace("final acc ", "final loss")) != base
