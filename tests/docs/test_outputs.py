@@ -47,7 +47,8 @@ def test_the_shown_output_is_what_the_product_prints(block, cpu, tmp_path):
 def test_the_pages_show_generated_outputs():
     ids = [b.id for b in BLOCKS]
     assert len(ids) == len(set(ids)), "two output blocks share an ID"
-    assert {"compare-digits", "compare-script", "doctor-cpu", "diagnose-absorbed", "compare-explain"} <= set(ids)
+    assert {"compare-digits", "compare-script", "doctor-cpu", "diagnose-absorbed", "compare-explain",
+            "diagnose-walkthrough"} <= set(ids)
     shot = [b for b in BLOCKS if b.screenshot]
     assert [b.id for b in shot] == ["compare-digits"], "one block makes docs/report-screenshot.png"
     for block in BLOCKS:
