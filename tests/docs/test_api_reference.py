@@ -3,10 +3,7 @@ build quiet (no third-party banners, nothing missing from the ``docs`` extra).""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,18 +31,6 @@ def test_bare_doctest_is_fenced_and_sections_are_left_alone():
     assert "Examples:\n    >>> y = 2" in out  # griffe renders a Google section as code itself
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings_handlers") is None:
-        pytest.skip('the docs toolchain is not installed (pip install -e ".[docs]")')
-    out = tmp_path_factory.mktemp("site")
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_MKDOCS_2_WARNING", "DISABLE_MKDOCS_2_WARNING")}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc.stdout + proc.stderr
-
-
 @pytest.mark.slow  # builds the site: 22 s on the busy 2-core machine
 def test_rendered_reference_has_no_literal_role_or_quoted_prompt(site):
     out, _ = site
@@ -61,3 +46,22 @@ def test_docs_build_is_quiet(site):
     _, log = site
     for noise in ("ProperDocs", "end of life", "requires either Black or Ruff"):
         assert noise not in log, f"the docs build printed {noise!r}:\n{log[-2000:]}"
+
+
+def _section(page: str, anchor: str) -> str:
+    start = page.index(f'id="{anchor}"')
+    return page[start:page.index('class="doc doc-heading"', start + len(anchor) + 10)]
+
+
+@pytest.mark.slow
+def test_classes_show_their_signature_and_nest_under_the_sections(site):
+    out, _ = site
+    page = (out / "api" / "reference" / "index.html").read_text(encoding="utf-8")
+    section = _section(page, "ampkit.engine.core.MixedPrecision")
+    signature = re.search(r'<div class="doc-signature[^"]*"><pre>(.*?)</pre>', section, re.S)
+    assert signature, "the API reference shows no signature for MixedPrecision"
+    text = re.sub(r"<[^>]+>", "", signature.group(1))
+    assert re.search(r"MixedPrecision\(\s*precision: .*\*,\s*config: ", text, re.S), text
+    # the objects are headings below the page's own sections (h2), so the table of contents nests them
+    assert '<h2 id="engine-and-precision"' in page
+    assert '<h3 id="ampkit.engine.core.MixedPrecision"' in page
