@@ -1,4 +1,4 @@
-"""A hand-written clip of gradients still multiplied by the loss scale is measured (clip_watch.py): found at
+"""A hand-written clip (by norm, total norm or value) of gradients still multiplied by the loss scale is measured (clip_watch.py): found at
 the loop's line when the clip's threshold acted on scaled norms; not for a clip after `unscale_`, nor for a
 division of the scaled gradients by a constant."""
 
@@ -22,6 +22,9 @@ LOOP = (
     "def average(model, world):\n"
     "    for p in model.parameters():\n"
     "        p.grad.div_(world)\n"
+    "def value_clip(model, clip):\n"
+    "    for p in model.parameters():\n"
+    "        p.grad.data.clamp_(min=-clip, max=clip)\n"
     "torch.manual_seed(0)\n"
     "model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))\n"
     "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
@@ -37,17 +40,18 @@ LOOP = (
     "    scaler.update()\n")
 
 
-@pytest.mark.parametrize("call", ["per_param_clip(model, 3.0)", "total_clip(model, 1.0)"])
+@pytest.mark.parametrize("call", ["per_param_clip(model, 3.0)", "total_clip(model, 1.0)", "value_clip(model, 0.5)"])
 def test_a_hand_written_clip_before_unscale_is_found_at_its_call(call, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LOOP.format(before="pass", call=call))
     (f,) = diagnose_script(str(script)).findings
-    assert f.code == "clip-before-unscale" and f.where.endswith("train.py:25")
+    assert f.code == "clip-before-unscale" and f.where.endswith("train.py:28")
     assert "would not have been clipped" in f.message and "65536" in f.message
 
 
 @pytest.mark.parametrize("before,call", [("scaler.unscale_(opt)", "per_param_clip(model, 3.0)"),
                                          ("scaler.unscale_(opt)", "total_clip(model, 1.0)"),
+                                         ("scaler.unscale_(opt)", "value_clip(model, 0.5)"),
                                          ("pass", "average(model, 4)")])
 def test_a_clip_after_unscale_or_a_division_is_not_reported(before, call, tmp_path):
     script = tmp_path / "train.py"

@@ -10,7 +10,8 @@ norm they were brought to (the clip threshold the code applied), and their norm 
 the same clip would have compared after ``unscale_``). ``clip-before-unscale`` is reported only when
 
 * the shrunk gradients were brought to one common norm (a per-parameter clip: different norms before,
-  the same after), or, for a clip of the total norm (one factor for all), the total was brought to the
+  the same after), or to one common largest element (a clip by value, VITS' ``clamp_``: the threshold is
+  compared with the largest elements), or, for a clip of the total norm (one factor for all), the total was brought to the
   same value on two steps whose norms differed before (dividing gradients by a constant, such as a world
   size, keeps the ratio instead and is never reported); and
 * the threshold is at least the unscaled norm for some of them: those would not have been clipped at
@@ -21,6 +22,7 @@ The finding names the line of the loop (the frame that called ``backward``) whos
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -80,6 +82,7 @@ class ClipWatch:
         self._mode: _GradWrites | None = None
         self._params: list[torch.Tensor] = []
         self._norms: list[float] = []
+        self._peaks: list[float] = []  # the largest |element| of each gradient after the backward
         self._totals: list[tuple[float, float]] = []  # (before, after) of earlier steps' uniform shrinks
 
     def stop(self) -> None:
@@ -99,7 +102,7 @@ class ClipWatch:
         if not params:
             return
         with inst.paused(), torch.no_grad():
-            self._norms = torch.stack([p.grad.detach().float().norm().to(params[0].device) for p in params]).cpu().tolist()
+            self._norms, self._peaks = _norms_and_peaks([p.grad for p in params])
         self._params = params
         storages = {p.grad.untyped_storage().data_ptr(): i for i, p in enumerate(params)}
         self._mode = _GradWrites(storages, frame.f_code if frame is not None else None, inst.user)
@@ -117,16 +120,30 @@ class ClipWatch:
         if not index:
             return
         with inst.paused(), torch.no_grad():
-            after = torch.stack([self._params[i].grad.detach().float().norm() for i in index]).cpu().tolist()
+            after, peaks = _norms_and_peaks([self._params[i].grad for i in index])
         before = [self._norms[i] for i in index]
         shrunk = [(b, a, mode.written[i]) for i, b, a in zip(index, before, after) if b > 0 and a < _SHRUNK * b]
         if not shrunk:
             return
+        cut = [(self._peaks[i], p) for i, b, a, p in zip(index, before, after, peaks) if b > 0 and a < _SHRUNK * b]
         ratios = [a / b for b, a, _ in shrunk]
-        if len(shrunk) >= 2 and max(ratios) - min(ratios) > _SAME * max(ratios):
-            afters = [a for _, a, _ in shrunk]
-            if max(afters) - min(afters) > _SAME * max(afters):
-                return  # neither one threshold nor one factor: not a clip
+        afters = [a for _, a, _ in shrunk]
+        if len(shrunk) >= 2 and max(ratios) - min(ratios) > _SAME * max(ratios) \
+                and max(afters) - min(afters) > _SAME * max(afters):
+            tops = [p for _, p in cut]
+            if max(tops) - min(tops) > _SAME * max(tops):
+                return  # neither one threshold (of norm or value) nor one factor: not a clip
+            threshold = max(tops)
+            spared = [b for b, _ in cut if b / scale <= threshold]
+            what = (f"{len(cut)} gradients had their elements clamped to +-{threshold:.4g} (a clip by value); their "
+                    f"largest elements then were {min(b for b, _ in cut):.4g} to {max(b for b, _ in cut):.4g}, still "
+                    f"multiplied by the loss scale {scale:g}; {len(spared)} of them, unscaled, are below the threshold "
+                    "and would not have been clipped at all")
+            hidden = sum(not math.isfinite(b) for b, _ in cut)
+            if hidden:
+                what += (f"; {hidden} held inf/NaN, which the clamp made finite: the GradScaler no longer sees the "
+                         "overflow and does not skip the step")
+        elif len(shrunk) >= 2 and max(ratios) - min(ratios) > _SAME * max(ratios):
             threshold = max(afters)
             spared = [b for b, _, _ in shrunk if b / scale <= threshold]
             what = (f"{len(shrunk)} gradients were each scaled down to the norm {threshold:.4g} (a per-parameter clip "
@@ -156,3 +173,12 @@ class ClipWatch:
             fix="call `scaler.unscale_(optimizer)` right after `scaler.scale(loss).backward()` and before the "
                 "clipping call at this line, then `scaler.step(optimizer)` and `scaler.update()`",
             step=inst.step), key=("clip-before-unscale",))
+
+
+def _norms_and_peaks(grads: list[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """Each gradient's norm and largest |element|, read in one transfer."""
+    dev = grads[0].device
+    norms = torch.stack([g.detach().float().norm().to(dev) for g in grads])
+    peaks = torch.stack([g.detach().float().abs().max().to(dev) for g in grads])
+    both = torch.stack([norms, peaks]).cpu().tolist()
+    return both[0], both[1]
