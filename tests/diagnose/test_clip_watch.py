@@ -57,3 +57,15 @@ def test_a_clip_after_unscale_or_a_division_is_not_reported(before, call, tmp_pa
     script = tmp_path / "train.py"
     script.write_text(LOOP.format(before=before, call=call))
     assert diagnose_script(str(script)).findings == ()
+
+
+def test_under_gradient_accumulation_the_clip_after_the_last_backward_is_measured(tmp_path):
+    # the watch ends at each micro-batch's forward and restarts after its backward
+    loop = LOOP.replace("for i in range(4):\n", "for i in range(4):\n  for k in range(2):\n").replace(
+        "    opt.zero_grad()\n", "    pass\n").replace("    scaler.scale(loss).backward()\n",
+                                                     "    scaler.scale(loss).backward()\n  if True:\n").replace(
+        "    scaler.update()\n", "    scaler.update()\n    opt.zero_grad()\n")
+    script = tmp_path / "train.py"
+    script.write_text(loop.format(before="pass", call="per_param_clip(model, 3.0)"))
+    (f,) = diagnose_script(str(script)).findings
+    assert f.code == "clip-before-unscale" and f.where.endswith("train.py:30")

@@ -230,6 +230,8 @@ class Instrumentation:
             return None
         with self.paused():
             root = self.tracker.enter(module)
+            if root:  # the clip watch covers a backward to the step; a forward (the next micro-batch) ends it
+                self.clip_watch.stop()
             if root and self.mode == "diagnose" and self.locator.before_root(module):
                 self._flush()
             self._watch_enter(module, root)
