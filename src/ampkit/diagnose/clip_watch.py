@@ -52,7 +52,8 @@ class _GradWrites(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for arg, value in zip(func._schema.arguments, args):
+        schema = getattr(func, "_schema", None)
+        for arg, value in zip(schema.arguments if schema is not None else (), args):
             if arg.alias_info is None or not arg.alias_info.is_write:
                 continue
             for t in value if isinstance(value, (list, tuple)) else (value,):
