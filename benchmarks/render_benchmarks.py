@@ -362,14 +362,18 @@ def judges_section(files: list[dict]) -> list[str]:
         lines += ["| diagnose | clean cases | clean with a finding | false findings | planted defects | right code | "
                   "right line | wrong code | missed | extra findings on planted |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
-        for label, s in (("", d), ("held out, ", held)):
+        # every full run's held-out row: the first scoring stays visible after code is changed for those cases
+        helds = [(f"held out ({r['_file']}), ", r["summary"]["diagnose_held_out"]) for r in sorted(full, key=lambda r: r["_file"])
+                 if r is not data and r.get("subset") == "full" and r["summary"].get("diagnose_held_out")]
+        for label, s in (("", d), *helds, (f"held out ({data['_file']}), ", held)):
             if s:
                 lines.append(f"| {label}{s['seconds']:.0f} s | {s['clean_cases']} | {s['clean_with_findings']} | "
                              f"{s['false_findings']} | {s['planted_defects']} | {s['right_code']} | {s['right_line']} | "
                              f"{s['wrong_code']} | {s['missed']} | {s['extra_findings_on_planted']} |")
         if held:
             lines += ["", "Held out: cases written after the code they judge was finished, scored before any change "
-                      "for them (marked `held_out` in cases.json), counted apart."]
+                      "for them (marked `held_out` in cases.json), counted apart; a case that code was changed for "
+                      "leaves the held-out set (`was_held_out`), so earlier runs keep its first score."]
         lines += ["", "| case | expected | found |", "|---|---|---|"]
         for case in data["diagnose"]:
             found = ", ".join(f"{f['code']}:{f['line']}" for f in case["score"]["found"]) or "nothing"

@@ -213,5 +213,9 @@ def test_held_out_cases_are_counted_apart_and_shown_apart(tmp_path):
               "versions": {"torch": "2.13.0"}, "summary": {**s, "migrate": None}, "diagnose": results, "migrate": []}
     (tmp_path / "judges-2026-12-04c.json").write_text(json.dumps(record))
     page = rb.render(rb.load_results(tmp_path))
-    assert "| held out, 3 s | 2 | 1 | 2 | 1 | 0 | 0 | 0 | 1 | 0 |" in page
+    assert "| held out (judges-2026-12-04c.json), 3 s | 2 | 1 | 2 | 1 | 0 | 0 | 0 | 1 | 0 |" in page
+    later = {**record, "date": "2026-12-05", "summary": {**s, "diagnose_held_out": None, "migrate": None}}
+    (tmp_path / "judges-2026-12-05.json").write_text(json.dumps(later))
+    page = rb.render(rb.load_results(tmp_path))  # the newer run has no held-out cases; the first scoring stays
+    assert "| held out (judges-2026-12-04c.json), 3 s | 2 | 1 | 2 | 1 | 0 | 0 | 0 | 1 | 0 |" in page
     assert "| h_clean (held out) | nothing (clean) | nothing |" in page
