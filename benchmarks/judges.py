@@ -260,6 +260,15 @@ def summarise_diagnose(results: list[dict]) -> dict:
     }
 
 
+def diagnose_summaries(results: list[dict]) -> dict:
+    """``diagnose`` over the corpus and ``diagnose_held_out`` over the held-out cases (written after the code they
+    judge was finished, scored before any change for them), counted apart; None where there are none."""
+    seen = [r for r in results if not r.get("held_out")]
+    held = [r for r in results if r.get("held_out")]
+    return {"diagnose": summarise_diagnose(seen) if seen else None,
+            "diagnose_held_out": summarise_diagnose(held) if held else None}
+
+
 def summarise_migrate(results: list[dict]) -> dict:
     out = {}
     for target in sorted({r["target"] for r in results}):
@@ -305,6 +314,7 @@ def measure(fast: bool = False, only: str | None = None, progress=None) -> dict:
             run = run_diagnose(case)
             score = score_diagnose(case, run["findings"])
             diagnose.append({"name": case["name"], "kind": case["kind"], "expect": case["expect"],
+                             "held_out": bool(case.get("held_out")),
                              "repo": case["source"]["repo"], "rc": run["rc"], "error": run["error"],
                              "seconds": run["seconds"], "score": score,
                              "findings": [{k: f.get(k) for k in ("code", "where", "message")} for f in run["findings"]]})
@@ -328,8 +338,7 @@ def measure(fast: bool = False, only: str | None = None, progress=None) -> dict:
         "versions": _versions(),
         "subset": "fast" if fast else "full",
         "command": "python benchmarks/judges.py" + (" --fast" if fast else "") + (f" --only {only}" if only else ""),
-        "summary": {"diagnose": summarise_diagnose(diagnose) if diagnose else None,
-                    "migrate": summarise_migrate(migrate) if migrate else None},
+        "summary": {**diagnose_summaries(diagnose), "migrate": summarise_migrate(migrate) if migrate else None},
         "diagnose": diagnose,
         "migrate": migrate,
     }

@@ -359,20 +359,30 @@ def judges_section(files: list[dict]) -> list[str]:
              "`ampkit diagnose` and `ampkit migrate` over `tests/judges/corpus/`: scripts and files modelled on public "
              "repositories, each with a truth table (`cases.json`; docs/contributing.md says how to add a case). "
              f"Newest {data.get('subset', 'full')} run: {src}.", ""]
-    d = data["summary"].get("diagnose")
+    d, held = data["summary"].get("diagnose"), data["summary"].get("diagnose_held_out")
     if d:
         lines += ["| diagnose | clean cases | clean with a finding | false findings | planted defects | right code | "
                   "right line | wrong code | missed | extra findings on planted |",
-                  "|---|---|---|---|---|---|---|---|---|---|",
-                  f"| {d['seconds']:.0f} s | {d['clean_cases']} | {d['clean_with_findings']} | {d['false_findings']} | "
-                  f"{d['planted_defects']} | {d['right_code']} | {d['right_line']} | {d['wrong_code']} | {d['missed']} | "
-                  f"{d['extra_findings_on_planted']} |", "",
-                  "| case | expected | found |", "|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        # every full run's held-out row: the first scoring stays visible after code is changed for those cases
+        helds = [(f"held out ({r['_file']}), ", r["summary"]["diagnose_held_out"]) for r in sorted(full, key=lambda r: r["_file"])
+                 if r is not data and r.get("subset") == "full" and r["summary"].get("diagnose_held_out")]
+        for label, s in (("", d), *helds, (f"held out ({data['_file']}), ", held)):
+            if s:
+                lines.append(f"| {label}{s['seconds']:.0f} s | {s['clean_cases']} | {s['clean_with_findings']} | "
+                             f"{s['false_findings']} | {s['planted_defects']} | {s['right_code']} | {s['right_line']} | "
+                             f"{s['wrong_code']} | {s['missed']} | {s['extra_findings_on_planted']} |")
+        if held:
+            lines += ["", "Held out: cases written after the code they judge was finished, scored before any change "
+                      "for them (marked `held_out` in cases.json), counted apart; a case that code was changed for "
+                      "leaves the held-out set (`was_held_out`), so earlier runs keep its first score."]
+        lines += ["", "| case | expected | found |", "|---|---|---|"]
         for case in data["diagnose"]:
             found = ", ".join(f"{f['code']}:{f['line']}" for f in case["score"]["found"]) or "nothing"
-            if case["kind"] == "planted" or case["score"]["found"]:
+            if case["kind"] == "planted" or case["score"]["found"] or case.get("held_out"):
                 want = ", ".join(f"{e['code']}:{e['line']}" for e in case["expect"]) or "nothing (clean)"
-                lines.append(f"| {case['name']} | {want} | {_cell(found)} |")
+                name = case["name"] + (" (held out)" if case.get("held_out") else "")
+                lines.append(f"| {name} | {want} | {_cell(found)} |")
         lines.append("")
     m = data["summary"].get("migrate")
     if m:

@@ -192,3 +192,30 @@ def test_benchmarks_page_shows_the_newest_full_run(tmp_path):
     assert "| 600 s | 19 | 3 | 4 | 11 | 7 | 5 | 2 | 2 | 1 |" in page
     assert "| naive_softmax | nonfinite-forward:29 | nonfinite-forward:30 |" in page
     assert "| musa | 12 | 78 | 69 | 2 | 2 | 5 | 1 |" in page
+
+
+def test_held_out_cases_are_counted_apart_and_shown_apart(tmp_path):
+    def result(name, kind, held, found):
+        score = {"outcomes": ["right" if found else "missed"], "extra": 0, "found": []} if kind == "planted" else \
+            {"false_findings": found, "found": []}
+        return {"name": name, "kind": kind, "held_out": held, "expect": [], "error": None, "seconds": 1.0, "score": score}
+    results = [result("a", "planted", False, 1), result("a_clean", "clean", False, 0),
+               result("h", "planted", True, 0), result("h_clean", "clean", True, 2), result("h2_clean", "clean", True, 0)]
+    s = judges.diagnose_summaries(results)
+    assert (s["diagnose"]["planted_defects"], s["diagnose"]["right_line"], s["diagnose"]["clean_cases"]) == (1, 1, 1)
+    held = s["diagnose_held_out"]
+    assert (held["planted_defects"], held["missed"], held["clean_cases"], held["false_findings"]) == (1, 1, 2, 2)
+    assert judges.diagnose_summaries(results[:2])["diagnose_held_out"] is None
+    spec = importlib.util.spec_from_file_location("render_benchmarks", ROOT / "benchmarks" / "render_benchmarks.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    record = {"kind": "judges", "subset": "full", "date": "2026-12-04", "git_commit": "0123456789abcdef",
+              "versions": {"torch": "2.13.0"}, "summary": {**s, "migrate": None}, "diagnose": results, "migrate": []}
+    (tmp_path / "judges-2026-12-04c.json").write_text(json.dumps(record))
+    page = rb.render(rb.load_results(tmp_path))
+    assert "| held out (judges-2026-12-04c.json), 3 s | 2 | 1 | 2 | 1 | 0 | 0 | 0 | 1 | 0 |" in page
+    later = {**record, "date": "2026-12-05", "summary": {**s, "diagnose_held_out": None, "migrate": None}}
+    (tmp_path / "judges-2026-12-05.json").write_text(json.dumps(later))
+    page = rb.render(rb.load_results(tmp_path))  # the newer run has no held-out cases; the first scoring stays
+    assert "| held out (judges-2026-12-04c.json), 3 s | 2 | 1 | 2 | 1 | 0 | 0 | 0 | 1 | 0 |" in page
+    assert "| h_clean (held out) | nothing (clean) | nothing |" in page

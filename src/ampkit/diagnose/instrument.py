@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from ampkit.diagnose.casts import CastChecks
+from ampkit.diagnose.clip_watch import ClipWatch
 from ampkit.diagnose.findings import Finding
 from ampkit.diagnose.fp16range import RangeRecorder, recommended_scale
 from ampkit.diagnose.host_reads import SYNC_NAMES, HostReads
@@ -86,6 +87,7 @@ class Instrumentation:
         self.loop_checks = LoopChecks(self)
         self.order_checks = OrderChecks(self)
         self.master_checks = MasterChecks(self)
+        self.clip_watch = ClipWatch(self)
 
     # ------------------------------------------------------------------ results
     @property
@@ -186,6 +188,7 @@ class Instrumentation:
             self._patch(torch.Tensor, name, self.host_reads.wrap(name))
         self._patch(warnings, "warn", self._wrap_warn)
         self._patch(warnings, "showwarning", self._wrap_showwarning)
+        self._undo.append(self.clip_watch.stop)
 
     # ------------------------------------------------------------------ warnings
     # A warning torch raises with stacklevel=2 from inside a function we wrap would name our wrapper's
@@ -227,6 +230,8 @@ class Instrumentation:
             return None
         with self.paused():
             root = self.tracker.enter(module)
+            if root:  # the clip watch covers a backward to the step; a forward (the next micro-batch) ends it
+                self.clip_watch.stop()
             if root and self.mode == "diagnose" and self.locator.before_root(module):
                 self._flush()
             self._watch_enter(module, root)

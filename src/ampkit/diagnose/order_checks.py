@@ -93,8 +93,11 @@ class OrderChecks:
             if checks._active():
                 with checks.inst.paused():
                     static = checks._static_scale(t)
+            if checks._active():
+                checks.inst.clip_watch.stop()
             result = orig(t, *args, **kwargs)
             if checks._active():
+                checks.inst.clip_watch.after_backward(checks.inst.user.frame(1))
                 checks._backward_since_step = True
                 checks._backwards += 1
                 if static is not None:

@@ -177,6 +177,7 @@ class ScalerChecks:
 
         def unscale_(scaler, optimizer):
             if not inst._paused and inst.mode == "diagnose" and scaler.is_enabled():
+                inst.clip_watch.check()
                 with inst.paused():
                     checks._check_fp16_params(scaler, optimizer)
                 checks._state(scaler).unscaled.add(id(optimizer))
@@ -191,6 +192,7 @@ class ScalerChecks:
             if inst._paused or inst._in_scaler_step:
                 return orig(scaler, optimizer, *args, **kwargs)
             if inst.mode == "diagnose" and scaler.is_enabled():
+                inst.clip_watch.check()
                 with inst.paused():
                     checks._check_fp16_params(scaler, optimizer)
                     inst.loop_checks.note_scaler_step(scaler, optimizer)

@@ -47,7 +47,7 @@ _LIGHTNING_FIX = ("Lightning accepts only its registered accelerator names (auto
 class DeviceTargetRule(Rule):
     codes = ()
     # both vendors (a dispatcher is one that names both), the backends, what counts devices, framework names
-    keep = ("*cuda*", "*musa*", "*CUDA*", "*MUSA*", "*nccl*", "*mccl*", "GradScaler", "*nvidia-smi*", "gpu")
+    keep = ("*cuda*", "*musa*", "*CUDA*", "*MUSA*", "*nccl*", "*mccl*", "*GradScaler", "*nvidia-smi*", "gpu")
 
     @classmethod
     def keep_words(cls, code: str) -> tuple[str, ...]:
@@ -367,6 +367,15 @@ class DeviceTargetRule(Rule):
             device = self.ctx.literal(self.dst)
             self.replace(node, lambda u: prepend_arg(u, cst.Arg(cst.SimpleString(device))))
             return
+        if self.dst == "musa" and _fairscale_scaler(self, node):
+            self.report(node, "deprecated-amp-api",
+                        "could not port: fairscale's `ShardedGradScaler` is a `torch.cuda.amp.GradScaler` and takes "
+                        "no device, so it scales on CUDA only; torch_musa replaces torch's FSDP `ShardedGradScaler`, "
+                        "not fairscale's. Left as is.",
+                        "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\n"
+                        "scaler = ShardedGradScaler(device=\"musa\")  # or torch.amp.GradScaler(\"musa\") under FSDP2",
+                        kind="no twin")
+            return
         func = node.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == self.src) \
                 or self.ctx.is_torch(func.value):
@@ -408,3 +417,10 @@ class DeviceTargetRule(Rule):
             return u.with_changes(body=[imp.with_changes(names=kept)])
 
         self.replace(node, drop)
+
+
+def _fairscale_scaler(rule: Rule, node: cst.Call) -> bool:
+    """``ShardedGradScaler(...)`` imported from fairscale (``fairscale.optim.grad_scaler``)."""
+    if last_name(node.func) != "ShardedGradScaler":
+        return False
+    return any(q.startswith("fairscale.") for q in rule.ctx.qnames(node.func))
