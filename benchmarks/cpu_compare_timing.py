@@ -149,7 +149,17 @@ def threads_sentence(data: dict) -> str:
             f"{rng([r['wall_s'] for r in one])} of wall time against {rng([r['cpu_s'] for r in many])} and "
             f"{rng([r['wall_s'] for r in many])} with torch's default {many[0]['omp_num_threads']} threads "
             f"({len(data['runs'])} runs interleaved, load average {min(loads):.1f} to {max(loads):.1f}, measured "
-            f"{one[0]['date']})")
+            f"{one[0]['date']})" + _quiet_clause(data.get("quiet_runs") or []))
+
+
+def _quiet_clause(runs: list[dict]) -> str:
+    """The quiet machine's part of the threads comparison, when recorded: one thread costs nothing there."""
+    if not runs:
+        return ""
+    one = [r["wall_s"] for r in runs if r["omp_num_threads"] is None]
+    many = [r["wall_s"] for r in runs if r["omp_num_threads"] is not None]
+    return (f"; on the same CPU when quiet, {min(one):.1f}-{max(one):.1f} s of wall time with one thread against "
+            f"{min(many):.1f}-{max(many):.1f} s with {runs[0]['omp_num_threads']} ({len(runs)} runs interleaved)")
 
 
 def main() -> None:
