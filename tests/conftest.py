@@ -79,7 +79,10 @@ def _writes_only_to_temporary_folders():
     yield
     if os.getcwd() == cwd:  # a test that changed folder (monkeypatch.chdir) is back by now; else nothing to see
         new = sorted(_cwd_entries() - before - {"__pycache__", ".pytest_cache", ".coverage"})
-        assert not new, f"the test wrote into the working folder {cwd}: {new} (give it an --out under tmp_path)"
+        beside = (" or a test running beside it in another pytest-xdist worker did"
+                  if os.environ.get("PYTEST_XDIST_WORKER") else "")
+        assert not new, (f"the test wrote into the working folder {cwd}{beside}: {new} (give it an --out under "
+                         "tmp_path)")
 
 
 def _shared_work(item) -> str | None:
