@@ -14,6 +14,25 @@ sys.path.insert(0, os.path.dirname(__file__))
 import musa_sim  # noqa: E402
 
 
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (``-n N``), N workers run at once: each takes its share of the CPUs for torch's intra-op
+    threads, and so do the processes its tests start (OMP_NUM_THREADS is inherited), instead of every worker and
+    child starting one thread per CPU (on 2 cores, 2 workers x 2 threads made every test about 1.7x slower)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 1:
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    share = max(1, cpus // workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))  # a value the user set stands
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores_between_workers()
+
+
 @pytest.fixture
 def simulated_musa(monkeypatch):
     """Call with a card name (``"MTT S80"``, ``"MTT S4000"``, ...) to register a simulated torch.musa."""
@@ -60,10 +79,40 @@ def _writes_only_to_temporary_folders():
     yield
     if os.getcwd() == cwd:  # a test that changed folder (monkeypatch.chdir) is back by now; else nothing to see
         new = sorted(_cwd_entries() - before - {"__pycache__", ".pytest_cache", ".coverage"})
-        assert not new, f"the test wrote into the working folder {cwd}: {new} (give it an --out under tmp_path)"
+        beside = (" or a test running beside it in another pytest-xdist worker did"
+                  if os.environ.get("PYTEST_XDIST_WORKER") else "")
+        assert not new, (f"the test wrote into the working folder {cwd}{beside}: {new} (give it an --out under "
+                         "tmp_path)")
 
 
+def _shared_work(item) -> str | None:
+    """What ``item`` shares with other tests through a fixture built once (module, package or session scope) in
+    these test files, or None: the tests that share one must run in one xdist worker, else each worker builds it
+    again (a comparison, a torchrun matrix: tens of seconds each)."""
+    info = getattr(item, "_fixtureinfo", None)
+    shared = []
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        fixture = defs[-1]
+        if fixture.scope == "function" or not fixture.baseid:  # pytest's and plugins' own (tmp_path_factory)
+            continue
+        shared.append((fixture.scope, fixture.baseid, fixture.argname))
+    if not shared:
+        return None
+    if any(scope != "module" for scope, _, _ in shared):  # one group per conftest folder of shared results
+        return "shared:" + min(baseid for scope, baseid, _ in shared if scope != "module")
+    return "shared:" + item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _shared_work(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    _skip_missing_hardware(items)
+
+
+def _skip_missing_hardware(items):
     has_accel = torch.cuda.is_available() or bool(getattr(torch, "musa", None) and torch.musa.is_available())
     multi = has_accel and torch.cuda.is_available() and torch.cuda.device_count() >= 2
     skip_gpu = pytest.mark.skip(reason="needs a CUDA/MUSA accelerator (run through the device tool)")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -94,18 +92,24 @@ def test_a_non_finite_run_survives_the_round_trip(tmp_path):
     assert cont.verdict == "fail" and any("not finite" in r or "non-finite" in r for r in cont.reasons)
 
 
-def test_cli_continue(tmp_path):
+def test_cli_continue(tmp_path, capsys):
+    """The CLI's --continue, in this process (ampkit's main; a subprocess per run cost ~3 s of start-up each)."""
+    from ampkit.cli import main
+
     out = tmp_path / "c"
-    base = [sys.executable, "-m", "ampkit", "compare", "--task", TOY_SPEC, "--precision", "bf16", "--steps", "8",
-            "--device", "cpu", "--no-audit", "--no-graph", "--out", str(out)]
-    assert subprocess.run(base + ["--seeds", "2"], capture_output=True, text=True).returncode in (0, 3)
-    done = subprocess.run(base + ["--seeds", "3", "--continue"], capture_output=True, text=True)
-    assert done.returncode in (0, 3), done.stderr
-    assert "continued: seeds 0, 1 loaded from" in done.stdout + done.stderr
-    bad = subprocess.run(base + ["--seeds", "4", "--continue", "--lr", "0.5"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "other settings (lr" in bad.stderr
-    script = subprocess.run(base[:4] + ["--continue", str(tmp_path / "x.py")], capture_output=True, text=True)
-    assert script.returncode == 2 and "--continue is for tasks" in script.stderr
+    base = ["compare", "--task", TOY_SPEC, "--precision", "bf16", "--steps", "8", "--device", "cpu", "--no-audit",
+            "--no-graph", "--out", str(out)]
+    assert main(base + ["--seeds", "2"]) in (0, 3)
+    capsys.readouterr()
+    code = main(base + ["--seeds", "3", "--continue"])
+    done = capsys.readouterr()
+    assert code in (0, 3), done.err
+    assert "continued: seeds 0, 1 loaded from" in done.out + done.err
+    code = main(base + ["--seeds", "4", "--continue", "--lr", "0.5"])
+    bad = capsys.readouterr()
+    assert code == 2 and "Traceback" not in bad.err and "other settings (lr" in bad.err
+    code = main(base[:1] + ["--continue", str(tmp_path / "x.py")])
+    assert code == 2 and "--continue is for tasks" in capsys.readouterr().err
 
 
 def test_an_inconclusive_summary_gives_the_continue_command(tmp_path, capsys):
