@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from ampkit.cli.compare import _summary
 from ampkit.verify.band import MARGINS, RunOutcome
 from ampkit.verify.judge import judge
@@ -43,6 +45,12 @@ def _result(fp32: dict[int, float | None], amp: dict[int, float], metric: str, h
         memory={"fp32": None, "amp": None}, ratios={"speedup": None, "memory_saving": None},
         skipped={"amp": {s: 0 for s in seeds}, "fp32": {s: 0 for s in seeds}}, scale_trace=None, audit=None,
         margins=dict(MARGINS), wall_s=1.0, effects=v.effects)
+
+
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch):
+    """Rows read whole: rich wraps at the terminal's width, which differs between a shell and an xdist worker."""
+    monkeypatch.setenv("COLUMNS", "200")
 
 
 def _printed(r: CompareResult, capsys) -> str:
