@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import io
 import os
@@ -227,6 +228,7 @@ def _run_all(tasks: list[tuple[str, _Source]], target: str, select: frozenset[st
 def stop_pool(pool: ProcessPoolExecutor, grace_s: float = GRACE_S) -> None:
     """Cancel what ``pool`` has not started and end its worker processes: SIGTERM, SIGKILL after ``grace_s``."""
     workers = list((getattr(pool, "_processes", None) or {}).values())
+    results = getattr(pool, "_result_queue", None)
     for w in workers:
         w.terminate()
     pool.shutdown(wait=False, cancel_futures=True)
@@ -236,6 +238,14 @@ def stop_pool(pool: ProcessPoolExecutor, grace_s: float = GRACE_S) -> None:
         if w.is_alive():
             w.kill()
             w.join(1.0)
+    # A worker ended while it sent a result leaves half a message in the result pipe: the pool's manager thread
+    # then waits in recv() for the rest, and the interpreter's exit, which joins that thread, waits with it (seen:
+    # "stopped by SIGINT", then no exit). With every worker gone, this process holds the pipe's last write end;
+    # closing it turns that wait into an end of file, which the pool handles as a broken pool and ends.
+    writer = getattr(results, "_writer", None)
+    if writer is not None:
+        with contextlib.suppress(OSError):
+            writer.close()
 
 
 def migrate_paths(paths: Iterable[str | os.PathLike], *, fix: bool = False, target: str = "agnostic",
