@@ -308,7 +308,7 @@ def _summary(r) -> None:
     from ampkit.training.speed import fmt_rate
 
     from ampkit.training.speed import describe
-    from ampkit.verify.figures import mean_text, metric_format
+    from ampkit.verify.figures import allowed_text, mean_text, metric_format
     from ampkit.verify.next_step import after_failure
 
     out = console()
@@ -331,12 +331,8 @@ def _summary(r) -> None:
         text = f"{fmt(min(finite))}..{fmt(max(finite))}" if len(finite) > 1 else fmt(finite[0])
         return f"{text} (+{bad})" if bad else text
 
-    allowed = m.get("allowed")
-    fmt = metric_format(m)  # the report's card writes the metric by the same rule
-    t.add_row(f"final {m['name']} (mean)", mean_text(m, "fp32", fmt), mean_text(m, "amp", fmt),
-              "not informative: the loss decides" if m.get("not_informative") else
-              f"allowed {'>=' if m.get('higher_is_better') else '<='} "
-              f"{fmt(allowed[0] if m.get('higher_is_better') else allowed[1])}" if allowed else "")
+    fmt = metric_format(m)  # the report's card writes the metric, and its bound, by the same rules
+    t.add_row(f"final {m['name']} (mean)", mean_text(m, "fp32", fmt), mean_text(m, "amp", fmt), allowed_text(m, fmt))
     t.add_row(f"final {m['name']} (seeds)", span(m.get("fp32", []), fmt), span(m.get("amp", []), fmt), "")
     if m["name"] != "training loss":  # else the row above already is the final training loss, seed by seed
         last = {side: [c[-1][1] if c else None for c in r.curves[side].values()] for side in ("fp32", "amp")}
@@ -375,9 +371,9 @@ def _summary(r) -> None:
     _regions(out, r)
     _explain(out, r)
     if r.verdict == "fail" and r.explain is None:
-        cmd, what = after_failure(r)  # --explain is for tasks: a script's next step is diagnose (verify.next_step)
-        out.print(f"next: {cmd} {what}" if r.source else
-                  "next: add --explain to find the module that adds the error and a fix that passes",
+        # --explain is for tasks: a script's next step is diagnose (verify.next_step)
+        out.print("next: " + (" ".join(after_failure(r)) if r.source else
+                              "add --explain to find the module that adds the error and a fix that passes"),
                   highlight=False, soft_wrap=True)
     elif r.passed:
         out.print(f"next: {next_step(r)}", highlight=False, soft_wrap=True)

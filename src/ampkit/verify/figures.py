@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["finite_mean", "mean_text", "metric_format"]
+__all__ = ["allowed_text", "finite_mean", "is_rate", "mean_text", "metric_format", "seeds_text"]
 
 
 def _finite(v: Any) -> bool:
@@ -36,19 +36,38 @@ def mean_text(final_metric: dict[str, Any], side: str, fmt: Callable[[float], st
         values = final_metric.get(side) or []
         if not values:
             return "none"
-        return f"not finite ({_seeds(bad)})" if bad else "not finite"
-    return fmt(mean) + (f" ({_seeds(bad)} not finite)" if bad else "")
+        return f"not finite ({seeds_text(bad)})" if bad else "not finite"
+    return fmt(mean) + (f" ({seeds_text(bad)} not finite)" if bad else "")
 
 
-def _seeds(seeds: list[int]) -> str:
+def seeds_text(seeds: Sequence[int]) -> str:
+    """"seed 1", "seeds 0, 2": how every view names the seeds a figure leaves out."""
     return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
+def is_rate(name: str, values: Sequence[float]) -> bool:
+    """A metric read as a rate (a share of test examples): every value in [0, 1] and not a loss. The judge sizes
+    its tolerance by it, and every view writes such a metric as a percentage."""
+    return bool(values) and all(0.0 <= v <= 1.0 for v in values) and "loss" not in name
+
+
 def metric_format(final_metric: dict[str, Any]) -> Callable[[float], str]:
-    """How every view writes one value of the final metric: a rate (every finite value in [0, 1], not a loss: the
-    judge's own reading, ``judge._is_rate``) as a percentage with two decimals, anything else to 4 significant
-    digits. One rule, so that the terminal and the report never show the same figure two ways."""
+    """How every view writes one value of the final metric: a rate (:func:`is_rate` of its finite values) as a
+    percentage with two decimals, anything else to 4 significant digits. One rule, so that the terminal and the
+    report never show the same figure two ways."""
     vals = [v for v in (final_metric.get("fp32") or []) + (final_metric.get("amp") or []) if _finite(v)]
-    if vals and all(0 <= v <= 1 for v in vals) and "loss" not in str(final_metric.get("name")):
+    if is_rate(str(final_metric.get("name")), vals):
         return lambda v: f"{v:.2%}"
     return lambda v: f"{v:.4g}"
+
+
+def allowed_text(final_metric: dict[str, Any], fmt: Callable[[float], str]) -> str:
+    """The bound the final metric is judged against ("allowed >= 89.16%"), that it is not judged ("not
+    informative: the loss decides"), or "" when neither applies: the terminal summary and the report's card."""
+    if final_metric.get("not_informative"):
+        return "not informative: the loss decides"
+    allowed = final_metric.get("allowed")
+    if not allowed:
+        return ""
+    higher = bool(final_metric.get("higher_is_better"))
+    return f"allowed {'>=' if higher else '<='} {fmt(allowed[0] if higher else allowed[1])}"

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampkit.verify.band import MAX_SKIP_SHARE, RunOutcome, band, hard_reasons, trainer_warnings
-from ampkit.verify.figures import finite_mean
+from ampkit.verify.figures import finite_mean, is_rate, seeds_text
 from ampkit.verify.sequential import Looks
 from ampkit.verify.stats import ALPHA, POWER, Effect, paired_effect
 
@@ -102,10 +102,6 @@ class Verdict:
 
 
 # ---------------------------------------------------------------------------------------- tolerances
-def _is_rate(name: str, values: list[float]) -> bool:
-    return bool(values) and all(0.0 <= v <= 1.0 for v in values) and "loss" not in name
-
-
 def infer_count(values: list[float]) -> int | None:
     """The smallest n <= MAX_COUNT such that every value is k / n (to float32 precision), or None.
 
@@ -127,7 +123,7 @@ def tolerances(name: str, fp32: list[float], amp: list[float], tolerance: float 
     mean = abs(statistics.fmean(finite)) if finite else 0.0
     tol = TOLERANCE if tolerance is None else tolerance
     given = "(default)" if tolerance is None else "(--tolerance)"
-    if _is_rate(name, fp32 + amp) and mean > 0:
+    if is_rate(name, fp32 + amp) and mean > 0:
         inferred = count is None
         count = count or infer_count(fp32 + amp)
         if count:
@@ -153,7 +149,7 @@ def uninformative(name: str, fp32: list[float], amp: list[float], tolerance: flo
     tol = TOLERANCE if tolerance is None else tolerance
     finite = [v for v in fp32 if math.isfinite(v)]
     mean = abs(statistics.fmean(finite)) if finite else 0.0
-    if not _is_rate(name, vals) or mean <= 0:
+    if not is_rate(name, vals) or mean <= 0:
         return None
     if higher and tol >= 1.0:
         return f"a tolerance of {tol:.0%} of a rate where higher is better cannot fail"
@@ -234,9 +230,9 @@ def _endpoints(fp32, amp, seeds, metric: str, higher: bool, tolerance: float | N
     how: dict[str, Any] = {"loss": f"{loss_tol:.3g} of the FP32 loss (at least {LOSS_SCALE_FLOOR:g} of its first "
                                    f"logged value) {'(default)' if tolerance is None else '(--tolerance)'}"}
     why = uninformative(metric, f_vals, a_vals, tolerance, count, higher) if has_metric and windows else None
-    f_bad = [s for s, v in zip(seeds, f_vals) if not math.isfinite(v)]
+    f_bad = finite_mean(f_vals, seeds)[1]
     if f_bad and any(math.isfinite(v) for v in f_vals + a_vals):  # said, not dropped in silence (issue 45)
-        why = f"FP32's is not finite (seed{'s' if len(f_bad) > 1 else ''} {', '.join(map(str, f_bad))})"
+        why = f"FP32's is not finite ({seeds_text(f_bad)})"
     if why:
         has_metric, how["metric_not_informative"] = False, why
     m = (1 if windows else 0) + (1 if has_metric else 0)

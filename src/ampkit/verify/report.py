@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ampkit.training.speed import describe
-from ampkit.verify.figures import mean_text, metric_format
+from ampkit.verify.figures import allowed_text, mean_text, metric_format
 from ampkit.verify.next_step import after_failure
 from ampkit.verify.result import CompareResult
 from ampkit.verify.report_plots import _allowed_bound, _figure, plot_pngs  # noqa: F401 (public names kept here)
@@ -83,7 +83,7 @@ def _cards(r: CompareResult) -> str:
     fmt = metric_format(m)  # the terminal summary writes the metric by the same rule
     cards = [
         (f"final {m.get('name', 'metric')}", mean_text(m, "amp", fmt),
-         f"{amp}; FP32 {mean_text(m, 'fp32', fmt)}{_allowed_text(m, fmt)}"),
+         "; ".join(filter(None, (f"{amp}; FP32 {mean_text(m, 'fp32', fmt)}", allowed_text(m, fmt))))),
         ("speed-up", f"{sp:.2f}x" if sp else "n/a", _speed_note(r, amp)),
         ("memory saving", f"{ms:.0%}" if ms is not None else "n/a",
          "peak allocated" if ms is not None else f"not tracked on {r.device.get('type', '').upper()}"),
@@ -91,17 +91,6 @@ def _cards(r: CompareResult) -> str:
     ]
     return "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
                    f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
-
-
-def _allowed_text(m: dict[str, Any], fmt: Any) -> str:
-    """The bound the final metric is judged against, as the terminal summary says it (or why it is not judged)."""
-    if m.get("not_informative"):
-        return "; not informative: the loss decides"
-    allowed = m.get("allowed")
-    if not allowed:
-        return ""
-    higher = bool(m.get("higher_is_better"))
-    return f"; allowed {'>=' if higher else '<='} {fmt(allowed[0] if higher else allowed[1])}"
 
 
 def _speed_note(r: "CompareResult", amp: str) -> str:
