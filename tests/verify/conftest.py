@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-TOY = str(HERE.parent / "toy_task.py") + ":make_task"
-HARMFUL = str(HERE / "harmful_task.py") + ":make_task"
+from task_specs import HARMFUL, OVERFLOW_NORM, TOY  # noqa: F401 (the specs live in task_specs.py)
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +37,6 @@ def digits_compare(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits_compare")
     return compare("digits", precision="bf16", seeds=3, steps=200, device="cpu", out=out)
 
-
-OVERFLOW_NORM = str(HERE / "overflow_norm_task.py") + ":make_task"
 
 
 @pytest.fixture(scope="session")

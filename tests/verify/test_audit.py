@@ -149,7 +149,7 @@ def test_fp32_inside_an_undeclared_module_is_still_a_surprise():
 
 def test_audit_cli_fp32_modules(capsys):
     from ampkit.cli import main
-    from conftest import TOY
+    from task_specs import TOY
 
     assert main(["audit", "--task", TOY, "--precision", "bf16", "--fp32-modules", "3"]) == 0
     text = capsys.readouterr().out

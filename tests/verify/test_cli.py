@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ampkit.cli import main
-from conftest import HARMFUL, TOY
+from task_specs import HARMFUL, TOY
 
 
 def test_compare_pass_exit_0_writes_files(tmp_path, capsys):

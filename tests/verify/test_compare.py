@@ -12,7 +12,7 @@ import torch
 import ampkit
 from ampkit.errors import UsageError
 from ampkit.verify import band as cmp
-from conftest import TOY  # noqa: F401  (tests/verify/conftest.py)
+from task_specs import TOY  # noqa: F401
 
 
 def _curves(values_by_seed):

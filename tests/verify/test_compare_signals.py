@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import OVERFLOW_NORM, TOY
+from task_specs import OVERFLOW_NORM, TOY
 
 pytestmark = pytest.mark.slow  # 3 real comparisons in subprocesses: about 70 s each on the busy 2-core machine
 

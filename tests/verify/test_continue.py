@@ -13,7 +13,7 @@ import pytest
 import ampkit
 from ampkit.errors import UsageError
 from ampkit.verify.prior import load_prior, run_record
-from conftest import TOY  # noqa: F401  (tests/verify/conftest.py)
+from task_specs import TOY  # noqa: F401
 
 TOY_SPEC = str(Path(__file__).resolve().parents[1] / "toy_task.py") + ":make_task"
 JUDGED = ("verdict", "effects", "curves", "final_metric", "band", "skipped", "scale_trace", "seeds")

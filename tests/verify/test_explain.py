@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ampkit
 from ampkit.cli import main
-from conftest import OVERFLOW_NORM, TOY
+from task_specs import OVERFLOW_NORM, TOY
 
 
 def test_overflowing_norm_is_ranked_first_and_named(overflow_explain):

@@ -12,7 +12,7 @@ import pytest
 
 import ampkit
 from ampkit.verify.interrupt import Interrupted, finished, stop_on_signals
-from conftest import TOY
+from task_specs import TOY
 
 
 def _mine(signum, frame):  # a handler of the caller's own, to be found in place afterwards
